@@ -1,0 +1,36 @@
+"""Locks shared through Elasticsearch or a SQL database: tree, document and global."""
+
+from .conf import get_backend
+from .exceptions import (
+    InvalidLockArgument,
+    InvalidLockBackend,
+    InvalidLockPath,
+    LockBackendUnavailable,
+    LockDeadlock,
+    LockError,
+    LockLost,
+    LockTimeout,
+    LockUnavailable,
+)
+from .locks import Lock, global_lock, lock_documents, lock_tree
+from .modes import Mode
+
+__all__ = [
+    "InvalidLockArgument",
+    "InvalidLockBackend",
+    "InvalidLockPath",
+    "Lock",
+    "LockBackendUnavailable",
+    "LockDeadlock",
+    "LockError",
+    "LockLost",
+    "LockTimeout",
+    "LockUnavailable",
+    "Mode",
+    "get_backend",
+    "global_lock",
+    "lock_documents",
+    "lock_tree",
+]
+
+__version__ = "0.1.0"

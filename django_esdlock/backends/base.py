@@ -1,0 +1,118 @@
+"""The interface every lock store implements, around one primitive."""
+
+from __future__ import annotations
+
+import abc
+import random
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+from django.core import checks
+
+from ..records import Grant, HolderPage, HolderRecord, LockRequest, Node
+
+
+class BaseLockBackend(abc.ABC):
+    """A lock store: takes, renews, releases and lists holders of nodes.
+
+    Constructors do no I/O; connections open on first use. All times that
+    decide expiry are read from the store's clock, never from this host's.
+    """
+
+    supports_notify: ClassVar[bool] = False
+    """Whether :meth:`wait` wakes on a release instead of sleeping a backoff step."""
+
+    def __init__(self, *, ttl: float = 30.0) -> None:
+        self.ttl = ttl
+
+    # --- the primitive -------------------------------------------------
+
+    @abc.abstractmethod
+    def acquire(self, request: LockRequest) -> Grant | None:
+        """Take every (node, mode) of the request for its holder, all or nothing.
+
+        Return the grant, or None if a live holder of any node conflicts. On
+        None nothing of the request is left in the store. Evict expired
+        holders (that carry no intent) met on the way. Raise
+        LockBackendUnavailable if the store fails; leave nothing held then
+        either, or only what the lease will expire.
+        """
+
+    @abc.abstractmethod
+    def release(self, grant: Grant) -> bool:
+        """Remove this grant's holders; delete nodes left with none.
+
+        Return False if some holder was already gone (the lock had been lost).
+        """
+
+    @abc.abstractmethod
+    def renew(self, grant: Grant, *, checkpoint: dict[str, Any] | None = None) -> bool:
+        """Extend the lease of this grant's holders by the request's TTL.
+
+        Record ``checkpoint`` with the holders when given. Return False if any
+        holder is gone or already expired: the lock is lost.
+        """
+
+    # --- inspection and maintenance -------------------------------------
+
+    @abc.abstractmethod
+    def holders(
+        self,
+        *,
+        namespace: str | None = None,
+        path_prefix: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> HolderPage:
+        """Return one page of holders in a stable order, without loading the rest."""
+
+    @abc.abstractmethod
+    def node_holders(self, node: Node) -> list[HolderRecord]:
+        """Return the holders recorded on one node, expired ones included."""
+
+    @abc.abstractmethod
+    def evict_expired(
+        self, *, namespace: str | None = None, grace: float = 0.0, dry_run: bool = False
+    ) -> list[HolderRecord]:
+        """Remove holders expired for more than ``grace`` seconds by the store's clock.
+
+        Holders that carry an intent are left for recovery. Delete nodes left
+        empty. Return what was (or, with ``dry_run``, would be) removed.
+        """
+
+    def wait(self, nodes: Sequence[Node], timeout: float, attempt: int) -> None:
+        """Block until one of ``nodes`` may have been released, at most ``timeout`` seconds.
+
+        The default sleeps a capped exponential backoff step with jitter;
+        stores that can notify override it.
+        """
+        time.sleep(min(timeout, backoff_delay(attempt)))
+
+    def setup(self) -> None:
+        """Create what the store needs (index, tables); safe to call again."""
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Return system check messages about this store (reachable, well formed)."""
+        return []
+
+    def close(self) -> None:
+        """Close connections; the backend reopens them on next use."""
+
+    def describe(self) -> str:
+        """Return a short human description of the store, for the admin and logs."""
+        return type(self).__name__
+
+
+BACKOFF_INITIAL = 0.005
+BACKOFF_CAP = 0.5
+
+
+def backoff_delay(attempt: int, *, initial: float = BACKOFF_INITIAL, cap: float = BACKOFF_CAP) -> float:
+    """Return the sleep before retry ``attempt`` (0-based): capped exponential, equal jitter."""
+    ceiling = min(cap, initial * (2 ** min(attempt, 30)))
+    return random.uniform(ceiling / 2, ceiling)
+
+
+def unique_nodes(targets: Iterable[tuple[Node, Any]]) -> list[Node]:
+    return sorted({node for node, _ in targets}, key=lambda node: node.id)

@@ -1,0 +1,158 @@
+"""The Painless scripts of the Elasticsearch backend, and what each guarantees.
+
+Rules every script here keeps, so that it compiles and behaves the same on a
+real Elasticsearch 8/9 cluster and on the noida-db test server:
+
+- every value comes through ``params``; user data is never formatted into a
+  source, so each script compiles once and is cached;
+- no lambdas, no ``throw``, no ``return``: a refusal sets ``ctx.op = 'none'``
+  and the caller reads the ``noop`` result;
+- holder lists are rebuilt and assigned back to ``ctx._source`` instead of
+  being changed in place (noida copies on read, Elasticsearch does not; a
+  rebuilt list is right under both);
+- numbers are read into ``long`` locals from ``def`` (no ``(Number)`` casts).
+
+Expiry is judged by ``ctx._now``, the primary shard's clock. A holder that
+expired without an ``intent`` is gone; one with an intent is kept, still
+blocks conflicting requests and is left for the reaper to recover.
+"""
+
+# Recomputes the chapter's views of a node from `kept`; shared by the writers below.
+_VIEWS = """
+  boolean exclusive = false;
+  List modes = new ArrayList();
+  for (def h : kept) {
+    if (h.mode == 'X') { exclusive = true; }
+    if (!modes.contains(h.mode)) { modes.add(h.mode); }
+  }
+  ctx._source.holders = kept;
+  ctx._source.lock_count = kept.size();
+  ctx._source.lock_type = exclusive ? 'exclusive' : 'shared';
+  ctx._source.modes = modes;
+"""
+
+ACQUIRE = (
+    """
+// Add params.holder to this node unless a live holder is in a mode of
+// params.conflicts. A node the same owner already holds in the same mode is a
+// no-op when params.reentrant (document locks). A holder with the same id
+// (the request was retried after a lost response) is replaced, never doubled.
+long now = ctx._now;
+List kept = new ArrayList();
+boolean refused = false;
+boolean reentered = false;
+if (ctx._source.holders != null) {
+  for (def h : ctx._source.holders) {
+    long expiresAt = h.expires_at;
+    boolean live = expiresAt > now;
+    if (h.id != params.holder.id && (live || h.intent != null)) {
+      kept.add(h);
+      if (params.reentrant && live && h.owner.key == params.holder.owner.key && h.mode == params.holder.mode) {
+        reentered = true;
+      } else if (params.conflicts.contains(h.mode)) {
+        refused = true;
+      }
+    }
+  }
+}
+if (refused || reentered) {
+  ctx.op = 'none';
+} else {
+  Map holder = new HashMap();
+  holder.putAll(params.holder);
+  holder.acquired_at = now;
+  holder.expires_at = now + params.ttl_ms;
+  kept.add(holder);
+  ctx._source.namespace = params.node.namespace;
+  ctx._source.kind = params.node.kind;
+  ctx._source.key = params.node.key;
+  ctx._source.parent = params.node.parent;
+  ctx._source.depth = params.node.depth;
+"""
+    + _VIEWS
+    + """
+}
+"""
+)
+
+RELEASE = (
+    """
+// Remove the holder params.holder_id (and expired holders without an intent);
+// delete the node when no holder is left, as the chapter's release does.
+// A no-op when the holder is not here: the lock had been lost.
+long now = ctx._now;
+List kept = new ArrayList();
+boolean removed = false;
+for (def h : ctx._source.holders) {
+  long expiresAt = h.expires_at;
+  if (h.id == params.holder_id) {
+    removed = true;
+  } else if (expiresAt > now || h.intent != null) {
+    kept.add(h);
+  }
+}
+if (!removed) {
+  ctx.op = 'none';
+} else if (kept.isEmpty()) {
+  ctx.op = 'delete';
+} else {
+"""
+    + _VIEWS
+    + """
+}
+"""
+)
+
+RENEW = """
+// Extend the lease of holder params.holder_id from now, record its fencing
+// token and, when given, its checkpoint. A no-op when the holder is gone or
+// its lease already ran out: an expired lease is never revived.
+long now = ctx._now;
+List kept = new ArrayList();
+boolean renewed = false;
+for (def h : ctx._source.holders) {
+  long expiresAt = h.expires_at;
+  if (h.id == params.holder_id && expiresAt > now) {
+    Map copy = new HashMap();
+    copy.putAll(h);
+    copy.expires_at = now + params.ttl_ms;
+    copy.token = params.token;
+    if (params.checkpoint != null) {
+      copy.checkpoint = params.checkpoint;
+    }
+    kept.add(copy);
+    renewed = true;
+  } else {
+    kept.add(h);
+  }
+}
+if (renewed) {
+  ctx._source.holders = kept;
+} else {
+  ctx.op = 'none';
+}
+"""
+
+EVICT = (
+    """
+// Remove holders whose lease ran out more than params.grace_ms ago and that
+// carry no intent; delete the node when none is left. A no-op otherwise.
+long cutoff = ctx._now - params.grace_ms;
+List kept = new ArrayList();
+for (def h : ctx._source.holders) {
+  long expiresAt = h.expires_at;
+  if (expiresAt > cutoff || h.intent != null) {
+    kept.add(h);
+  }
+}
+if (kept.size() == ctx._source.holders.size()) {
+  ctx.op = 'none';
+} else if (kept.isEmpty()) {
+  ctx.op = 'delete';
+} else {
+"""
+    + _VIEWS
+    + """
+}
+"""
+)

@@ -1,0 +1,133 @@
+"""Reads ``settings.LOCK_BACKEND`` lazily and loads the backend it names."""
+
+from __future__ import annotations
+
+import math
+import threading
+import urllib.parse
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.utils.module_loading import import_string
+
+from .exceptions import InvalidLockBackend
+
+ELASTICSEARCH_BACKEND = "django_esdlock.backends.elasticsearch.ElasticsearchLockBackend"
+DATABASE_BACKEND = "django_esdlock.backends.database.DatabaseLockBackend"
+
+DEFAULT_TTL = 30.0
+DEFAULT_CONFIG: dict[str, Any] = {"BACKEND": DATABASE_BACKEND, "OPTIONS": {"using": "default"}, "TTL": DEFAULT_TTL}
+
+_ALLOWED_KEYS = frozenset({"BACKEND", "OPTIONS", "TTL"})
+_ES_SCHEMES = {"elasticsearch": "http", "es": "http", "elasticsearch+http": "http", "elasticsearch+https": "https"}
+_DB_SCHEMES = frozenset({"postgres", "postgresql", "pgsql", "psql", "postgis", "sqlite"})
+
+
+def validate_ttl(value: Any, what: str = "TTL") -> float:
+    """Return ``value`` as seconds if it is a positive finite number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidLockBackend(f"{what} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def parse_url(url: str) -> dict[str, Any]:
+    """Turn ``elasticsearch://host:9200/locks`` or a database URL into a backend config."""
+    parts = urllib.parse.urlsplit(url)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    config: dict[str, Any] = {"TTL": query.pop("ttl", DEFAULT_TTL)}
+    if parts.scheme in _ES_SCHEMES:
+        if not parts.hostname:
+            raise InvalidLockBackend(f"LOCK_BACKEND URL names no host: {url!r}")
+        netloc = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+        if ":" in parts.hostname:
+            netloc = f"[{parts.hostname}]" + (f":{parts.port}" if parts.port else "")
+        options: dict[str, Any] = {"hosts": [f"{_ES_SCHEMES[parts.scheme]}://{netloc}"]}
+        index = parts.path.strip("/")
+        if index:
+            options["index"] = index
+        if parts.username:
+            options["basic_auth"] = (urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or ""))
+        options.update(query)
+        config.update(BACKEND=ELASTICSEARCH_BACKEND, OPTIONS=options)
+    elif parts.scheme in _DB_SCHEMES:
+        config.update(BACKEND=DATABASE_BACKEND, OPTIONS={"url": url})
+    else:
+        raise InvalidLockBackend(
+            f"LOCK_BACKEND URL scheme {parts.scheme!r} is not one of "
+            f"{sorted(_ES_SCHEMES) + sorted(_DB_SCHEMES)}: {url!r}"
+        )
+    try:
+        config["TTL"] = float(config["TTL"])
+    except ValueError as e:
+        raise InvalidLockBackend(f"LOCK_BACKEND URL has a ttl that is not a number: {url!r}") from e
+    return config
+
+
+def backend_config(value: Any = None) -> dict[str, Any]:
+    """Return the normalized ``{"BACKEND", "OPTIONS", "TTL"}`` of a setting value."""
+    if value is None:
+        value = getattr(settings, "LOCK_BACKEND", None) or DEFAULT_CONFIG
+    if isinstance(value, str):
+        value = parse_url(value)
+    if not isinstance(value, dict):
+        raise InvalidLockBackend(f"LOCK_BACKEND must be a dict or a URL string, not {type(value).__name__}")
+    unknown = set(value) - _ALLOWED_KEYS
+    if unknown:
+        raise InvalidLockBackend(
+            f"LOCK_BACKEND has unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_ALLOWED_KEYS))}"
+        )
+    if "BACKEND" not in value:
+        raise InvalidLockBackend("LOCK_BACKEND has no 'BACKEND' (a dotted path to a backend class)")
+    options = value.get("OPTIONS", {})
+    if not isinstance(options, dict):
+        raise InvalidLockBackend(f"LOCK_BACKEND['OPTIONS'] must be a dict, not {type(options).__name__}")
+    return {
+        "BACKEND": value["BACKEND"],
+        "OPTIONS": dict(options),
+        "TTL": validate_ttl(value.get("TTL", DEFAULT_TTL), "LOCK_BACKEND['TTL']"),
+    }
+
+
+def load_backend(value: Any = None):
+    """Build the backend a setting value names: ``import_string`` then ``cls(**OPTIONS)``."""
+    from .backends.base import BaseLockBackend
+
+    config = backend_config(value)
+    try:
+        cls = import_string(config["BACKEND"])
+    except ImportError as e:
+        raise InvalidLockBackend(f"Could not import lock backend {config['BACKEND']!r}: {e}") from e
+    if not (isinstance(cls, type) and issubclass(cls, BaseLockBackend)):
+        raise InvalidLockBackend(f"{config['BACKEND']!r} is not a subclass of BaseLockBackend")
+    return cls(ttl=config["TTL"], **config["OPTIONS"])
+
+
+_backend = None
+_backend_lock = threading.Lock()
+
+
+def get_backend():
+    """Return the process-wide backend of ``settings.LOCK_BACKEND``, built on first use."""
+    global _backend
+    if _backend is None:
+        with _backend_lock:
+            if _backend is None:
+                _backend = load_backend()
+    return _backend
+
+
+def reset_backend() -> None:
+    """Forget the cached backend (closing it), so the next use reads the settings again."""
+    global _backend
+    with _backend_lock:
+        backend, _backend = _backend, None
+    if backend is not None:
+        backend.close()
+
+
+@receiver(setting_changed)
+def _reset_on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "LOCK_BACKEND":
+        reset_backend()

@@ -1,0 +1,417 @@
+"""Lock objects: waiting, deadlock detection, lease renewal and release."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from . import signals
+from .backends.base import BaseLockBackend
+from .conf import get_backend
+from .exceptions import InvalidLockArgument, LockDeadlock, LockLost, LockTimeout, LockUnavailable
+from .modes import Mode, compatible
+from .paths import ancestors, normalize_key, normalize_namespace, normalize_path
+from .records import Grant, Kind, LockRequest, Node, Owner
+
+logger = logging.getLogger("django_esdlock")
+
+Targets = tuple[tuple[Node, Mode], ...]
+
+
+def _validate_timeout(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
+        raise InvalidLockArgument(f"timeout must be None, 0 or a positive number of seconds, not {timeout!r}")
+    return float(timeout)
+
+
+def _validate_ttl(ttl: Any) -> float | None:
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
+        raise InvalidLockArgument(f"ttl must be None or a positive number of seconds, not {ttl!r}")
+    return float(ttl)
+
+
+def _validate_json(value: Any, what: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidLockArgument(f"{what} must be a dict, not {type(value).__name__}")
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise InvalidLockArgument(f"{what} must be JSON-serializable: {e}") from e
+
+
+class Lock(contextlib.ContextDecorator):
+    """One acquisition of a set of (node, mode) pairs, all or nothing.
+
+    Use it as a context manager or a decorator (each call acquires anew).
+    While held, a background renewer keeps the lease alive; if that fails the
+    lock is *lost*: :attr:`lost` turns True, :meth:`check` raises LockLost and
+    so does the release.
+    """
+
+    def __init__(
+        self,
+        targets: Targets,
+        *,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        intent: Mapping[str, Any] | None = None,
+        reentrant: bool = False,
+        backend: BaseLockBackend | None = None,
+    ) -> None:
+        self.targets = targets
+        self.timeout = _validate_timeout(timeout)
+        self.ttl = _validate_ttl(ttl)
+        self.intent = _validate_json(intent, "intent")
+        if self.intent is not None and not isinstance(self.intent.get("op"), str):
+            raise InvalidLockArgument("intent must have an 'op' string naming its recovery handler")
+        self.reentrant = reentrant
+        self._backend = backend
+        self._grant: Grant | None = None
+        self._valid_until = 0.0
+        self._lost_reason: str | None = None
+
+    def _recreate_cm(self) -> Lock:
+        return type(self)(
+            self.targets,
+            timeout=self.timeout,
+            ttl=self.ttl,
+            intent=self.intent,
+            reentrant=self.reentrant,
+            backend=self._backend,
+        )
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else "lost" if self._lost_reason else "not held"
+        nodes = ", ".join(f"{node}={mode}" for node, mode in self.targets[-3:])
+        return f"<{type(self).__name__} {nodes} {state} token={self.token}>"
+
+    # --- state ------------------------------------------------------------
+
+    @property
+    def backend(self) -> BaseLockBackend:
+        return self._backend or get_backend()
+
+    @property
+    def grant(self) -> Grant | None:
+        return self._grant
+
+    @property
+    def held(self) -> bool:
+        return self._grant is not None and not self.lost
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of this grant: larger than any earlier grant's in its namespace."""
+        return self._grant.token if self._grant else None
+
+    @property
+    def holder_id(self) -> str | None:
+        return self._grant.request.holder_id if self._grant else None
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease could not be kept; the lock protects nothing then."""
+        if self._lost_reason is not None:
+            return True
+        return self._grant is not None and time.monotonic() > self._valid_until
+
+    def check(self) -> None:
+        """Raise LockLost unless the lock is held with a live lease."""
+        if self._grant is None and self._lost_reason is None:
+            raise LockLost(f"{self!r} is not held")
+        if self.lost:
+            raise LockLost(f"{self!r} was lost: {self._lost_reason or 'its lease ran out before a renewal'}")
+
+    # --- acquisition --------------------------------------------------------
+
+    def acquire(self) -> Lock:
+        """Take the lock, waiting as ``timeout`` says; return self."""
+        if self._grant is not None:
+            raise RuntimeError(f"{self!r} is already acquired; create a new lock object")
+        _check_self_deadlock(self)
+        backend = self.backend
+        ttl = self.ttl or backend.ttl
+        request = LockRequest(
+            holder_id=uuid.uuid4().hex,
+            owner=Owner.current(),
+            targets=self.targets,
+            ttl=ttl,
+            intent=self.intent,
+            reentrant=self.reentrant,
+        )
+        nodes = [node for node, _ in self.targets]
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        attempt = 0
+        while True:
+            started = time.monotonic()
+            grant = backend.acquire(request)
+            if grant is not None:
+                break
+            if self.timeout == 0:
+                raise LockUnavailable(f"{self._describe()} is held in a conflicting mode")
+            remaining = math.inf if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                raise LockTimeout(f"{self._describe()} stayed unavailable for {self.timeout:g}s")
+            backend.wait(nodes, remaining, attempt)
+            attempt += 1
+        self._grant = grant
+        self._lost_reason = None
+        # The store started the lease after we sent the request: counting from
+        # `started` makes our idea of expiry early, never late.
+        self._valid_until = started + ttl
+        _registry.add(self)
+        _renewer.add(self, ttl)
+        logger.debug("acquired %r", self)
+        signals.lock_acquired.send(sender=type(self), lock=self)
+        return self
+
+    def release(self) -> None:
+        """Give the lock back; raise LockLost if it had been lost meanwhile."""
+        grant = self._grant
+        if grant is None:
+            return
+        _renewer.remove(self)
+        _registry.remove(self)
+        was_lost = self.lost
+        try:
+            still_held = self.backend.release(grant)
+        finally:
+            self._grant = None
+        if not still_held and self._lost_reason is None:
+            self._lost_reason = "its holder record was gone at release"
+        if self._lost_reason is None and was_lost:
+            self._lost_reason = "its lease ran out before a renewal"
+        logger.debug("released %r", self)
+        signals.lock_released.send(sender=type(self), lock=self)
+        if self._lost_reason is not None:
+            signals.lock_lost.send(sender=type(self), lock=self, reason=self._lost_reason)
+            raise LockLost(f"{self!r} was lost before release: {self._lost_reason}")
+
+    def checkpoint(self, data: Mapping[str, Any]) -> None:
+        """Record how far the work under this lock got (and renew the lease)."""
+        checkpoint = _validate_json(data, "checkpoint")
+        self.check()
+        assert self._grant is not None
+        started = time.monotonic()
+        if not self.backend.renew(self._grant, checkpoint=checkpoint):
+            self._mark_lost("its holder record was gone at checkpoint")
+            self.check()
+        self._renewed(started)
+
+    # --- renewal hooks (called by the renewer thread) -----------------------
+
+    def _renewed(self, started: float) -> None:
+        if self._grant is not None:
+            self._valid_until = max(self._valid_until, started + self._grant.request.ttl)
+
+    def _mark_lost(self, reason: str) -> None:
+        if self._lost_reason is None:
+            self._lost_reason = reason
+            logger.warning("lost %r: %s", self, reason)
+            signals.lock_lost.send(sender=type(self), lock=self, reason=reason)
+
+    # --- context manager ------------------------------------------------------
+
+    def __enter__(self) -> Lock:
+        return self.acquire()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.release()
+            return
+        try:
+            self.release()
+        except Exception:
+            # The block's own exception is the one to see; the lease ends the lock anyway.
+            logger.warning("releasing %r after %s failed", self, exc_type.__name__, exc_info=True)
+
+    def _describe(self) -> str:
+        node, mode = self.targets[-1]
+        more = f" (+{len(self.targets) - 1} more)" if len(self.targets) > 1 else ""
+        return f"{node} in mode {mode}{more}"
+
+
+class _HeldRegistry:
+    """Which locks each thread of this process holds, to refuse waiting on oneself."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_thread: dict[int, list[Lock]] = {}
+        os.register_at_fork(after_in_child=self._by_thread.clear)
+
+    def add(self, lock: Lock) -> None:
+        with self._lock:
+            self._by_thread.setdefault(threading.get_ident(), []).append(lock)
+
+    def remove(self, lock: Lock) -> None:
+        with self._lock:
+            for held in self._by_thread.values():
+                if lock in held:
+                    held.remove(lock)
+
+    def of_current_thread(self) -> list[Lock]:
+        with self._lock:
+            return list(self._by_thread.get(threading.get_ident(), ()))
+
+
+_registry = _HeldRegistry()
+
+
+def _check_self_deadlock(lock: Lock) -> None:
+    """Raise LockDeadlock if this thread holds one of ``lock``'s nodes in a conflicting mode."""
+    wanted = dict(lock.targets)
+    for held in _registry.of_current_thread():
+        if held.lost:
+            continue
+        for node, held_mode in held.targets:
+            mode = wanted.get(node)
+            if mode is None or compatible(held_mode, mode):
+                continue
+            if lock.reentrant and held.reentrant and held_mode == mode:
+                continue  # document locks: taking what this owner holds is a no-op
+            raise LockDeadlock(
+                f"this thread already holds {node} in mode {held_mode} ({held!r}); "
+                f"waiting for mode {mode} would wait for itself"
+            )
+
+
+class _Renewer:
+    """One daemon thread per process that extends the leases of held locks."""
+
+    RETRY_DELAY = 0.5
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[Lock, float] = {}
+        self._thread: threading.Thread | None = None
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._cond = threading.Condition()
+        self._due = {}
+        self._thread = None
+
+    def add(self, lock: Lock, ttl: float) -> None:
+        with self._cond:
+            self._due[lock] = time.monotonic() + ttl / 3
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="django-esdlock-renewer", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, lock: Lock) -> None:
+        with self._cond:
+            self._due.pop(lock, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [lock for lock, at in self._due.items() if at <= now]
+                if not due:
+                    wait = min(self._due.values(), default=now + 60) - now
+                    self._cond.wait(timeout=max(wait, 0.001))
+                    continue
+                for lock in due:
+                    self._due.pop(lock)
+            for lock in due:
+                self._renew(lock)
+
+    def _renew(self, lock: Lock) -> None:
+        grant = lock.grant
+        if grant is None:
+            return
+        ttl = grant.request.ttl
+        started = time.monotonic()
+        try:
+            ok = lock.backend.renew(grant)
+        except Exception as e:  # noqa: BLE001 - any failure is retried until the lease is gone
+            if lock.lost:
+                lock._mark_lost(f"renewal failed until the lease ran out: {e}")
+                return
+            logger.info("renewing %r failed, retrying: %s", lock, e)
+            self._reschedule(lock, min(self.RETRY_DELAY, ttl / 6))
+            return
+        if not ok:
+            lock._mark_lost("its holder record was gone or expired at renewal")
+            return
+        lock._renewed(started)
+        self._reschedule(lock, ttl / 3)
+
+    def _reschedule(self, lock: Lock, delay: float) -> None:
+        with self._cond:
+            if lock.grant is not None:
+                self._due[lock] = time.monotonic() + delay
+                self._cond.notify()
+
+
+_renewer = _Renewer()
+
+
+# --- the three schemes of the chapter, as sets of (node, mode) --------------
+
+
+def lock_tree(
+    path: str,
+    *,
+    shared: bool = False,
+    timeout: float | None = None,
+    ttl: float | None = None,
+    namespace: str = "default",
+    intent: Mapping[str, Any] | None = None,
+    backend: BaseLockBackend | None = None,
+) -> Lock:
+    """Lock ``path`` and the subtree below it: X on it (S if ``shared``), IX (IS) on its ancestors."""
+    path = normalize_path(path)
+    namespace = normalize_namespace(namespace)
+    if shared and intent is not None:
+        raise InvalidLockArgument("an intent describes a change, so it needs an exclusive lock (shared=False)")
+    ancestor_mode, mode = (Mode.IS, Mode.S) if shared else (Mode.IX, Mode.X)
+    targets = tuple((Node(namespace, Kind.TREE, a), ancestor_mode) for a in ancestors(path))
+    targets += ((Node(namespace, Kind.TREE, path), mode),)
+    return Lock(targets, timeout=timeout, ttl=ttl, intent=intent, backend=backend)
+
+
+def global_lock(
+    name: str = "global",
+    *,
+    timeout: float | None = None,
+    ttl: float | None = None,
+    backend: BaseLockBackend | None = None,
+) -> Lock:
+    """Lock one named lock exclusively: the chapter's global lock."""
+    node = Node("default", Kind.GLOBAL, normalize_key(name, "lock name"))
+    return Lock(((node, Mode.X),), timeout=timeout, ttl=ttl, backend=backend)
+
+
+def lock_documents(
+    ids: Iterable[str],
+    *,
+    namespace: str = "default",
+    timeout: float | None = None,
+    ttl: float | None = None,
+    backend: BaseLockBackend | None = None,
+) -> Lock:
+    """Lock many document ids at once, all or nothing; ids this thread holds already are kept."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise InvalidLockArgument(f"ids must be a list of str, not {type(ids).__name__}: {ids!r}")
+    namespace = normalize_namespace(namespace)
+    keys = sorted({normalize_key(i) for i in ids})
+    if not keys:
+        raise InvalidLockArgument("ids must name at least one document")
+    targets = tuple((Node(namespace, Kind.DOCUMENT, key), Mode.X) for key in keys)
+    return Lock(targets, timeout=timeout, ttl=ttl, reentrant=True, backend=backend)
