@@ -110,10 +110,10 @@ def read_acquire_items(request: LockRequest, items: Sequence[Mapping[str, Any]])
     reentrant request whose node this owner holds already. A 409 (concurrent
     update or two upserts racing to create the node, after retry_on_conflict)
     or 429 wrote nothing: a refusal to retry, never a grant. The token is the
-    highest ``_seq_no`` written, so it exceeds the token of every grant
-    released before any of these writes.
+    highest ``_seq_no`` written, plus one (so the first token is 1): it exceeds
+    the token of every grant released before any of these writes.
     """
-    outcome = AcquireOutcome([], [], [], -1)
+    outcome = AcquireOutcome([], [], [], 0)
     for (node, mode), item in zip(request.targets, items, strict=True):
         body = next(iter(item.values()))
         error = body.get("error")
@@ -126,9 +126,9 @@ def read_acquire_items(request: LockRequest, items: Sequence[Mapping[str, Any]])
         result = body.get("result")
         if result in ("created", "updated"):
             outcome.taken.append(node)
-            outcome.token = max(outcome.token, body["_seq_no"])
+            outcome.token = max(outcome.token, body["_seq_no"] + 1)
         elif result == "noop" and request.reentrant and _own_hold(body.get("get", {}).get("_source"), request.owner.key, mode):
-            outcome.token = max(outcome.token, body.get("_seq_no", -1))
+            outcome.token = max(outcome.token, body.get("_seq_no", -1) + 1)
         elif result == "noop":
             outcome.refused.append(node)
         else:

@@ -1,0 +1,275 @@
+"""The behaviour every lock backend must show, written once, run against each store.
+
+A backend's test module subclasses :class:`LockBackendContract` and provides a
+``lock_config`` fixture: a ``LOCK_BACKEND`` dict pointing at an empty store.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import pytest
+
+from django_esdlock import (
+    LockDeadlock,
+    LockLost,
+    LockTimeout,
+    LockUnavailable,
+    global_lock,
+    lock_documents,
+    lock_tree,
+)
+from django_esdlock.conf import load_backend
+from django_esdlock.locks import Lock
+from django_esdlock.modes import Mode, compatible
+from django_esdlock.records import Kind, LockRequest, Node, Owner
+
+from .peer import Peer
+
+
+def all_holders(backend) -> list:
+    """Every holder in the store, walking all pages."""
+    found, cursor = [], None
+    while True:
+        page = backend.holders(cursor=cursor, limit=50)
+        found.extend(page.holders)
+        if page.next_cursor is None:
+            return found
+        cursor = page.next_cursor
+
+
+def held_keys(backend) -> set[tuple[str, str]]:
+    return {(h.node.key, h.mode.value) for h in all_holders(backend)}
+
+
+def raw_grant(backend, path: str, mode: Mode, *, ttl: float, namespace: str = "default"):
+    """Take one node through the backend primitive alone: no renewer keeps it alive."""
+    request = LockRequest(
+        holder_id=f"raw-{time.monotonic_ns()}",
+        owner=Owner.current(),
+        targets=((Node(namespace, Kind.TREE, path), mode),),
+        ttl=ttl,
+    )
+    grant = backend.acquire(request)
+    assert grant is not None
+    return grant
+
+
+class LockBackendContract:
+    """Subclass with a ``lock_config`` fixture; every test here must pass unchanged."""
+
+    @pytest.fixture
+    def backend(self, lock_config):
+        backend = load_backend(lock_config)
+        yield backend
+        backend.close()
+
+    @pytest.fixture
+    def peer(self, lock_config):
+        peer = Peer(lock_config)
+        yield peer
+        peer.close()
+
+    # --- the compatibility matrix, across two processes --------------------
+
+    @pytest.mark.parametrize(("held", "requested"), list(itertools.product(Mode, Mode)))
+    def test_matrix_cell_across_processes(self, backend, peer, held, requested):
+        assert peer.acquire("held", scheme="raw", path="/node", mode=held.value, timeout=0)["token"] > 0
+        lock = Lock(((Node("default", Kind.TREE, "/node"), requested),), timeout=0, backend=backend)
+        if compatible(held, requested):
+            with lock:
+                assert lock.token > 0
+        else:
+            with pytest.raises(LockUnavailable):
+                lock.acquire()
+        peer.release("held")
+        with Lock(((Node("default", Kind.TREE, "/node"), requested),), timeout=0, backend=backend):
+            pass
+
+    # --- tree locks -----------------------------------------------------------
+
+    def test_descendant_blocks_ancestor_and_back(self, backend, peer):
+        peer.acquire("file", scheme="tree", path="/clinton/projects/elasticsearch/README.txt")
+        with pytest.raises(LockUnavailable):
+            lock_tree("/clinton", timeout=0, backend=backend).acquire()
+        with pytest.raises(LockUnavailable):
+            lock_tree("/clinton/projects/elasticsearch/README.txt/x", timeout=0, backend=backend).acquire()
+        peer.release("file")
+        with lock_tree("/clinton", timeout=0, backend=backend):
+            assert peer.acquire("file", scheme="tree", path="/clinton/projects/elasticsearch/README.txt",
+                                timeout=0) == "LockUnavailable"
+
+    def test_siblings_and_shared_readers_do_not_conflict(self, backend, peer):
+        assert isinstance(peer.acquire("a", scheme="tree", path="/clinton/a"), dict)
+        with lock_tree("/clinton/b", timeout=0, backend=backend):
+            assert isinstance(peer.acquire("r", scheme="tree", path="/bill", shared=True, timeout=0), dict)
+            with lock_tree("/bill/x", shared=True, timeout=0, backend=backend):
+                with pytest.raises(LockUnavailable):  # the peer reads all of /bill
+                    lock_tree("/bill/y", timeout=0, backend=backend).acquire()
+
+    def test_shared_subtree_blocks_writer_below(self, backend, peer):
+        peer.acquire("reader", scheme="tree", path="/clinton", shared=True)
+        with pytest.raises(LockUnavailable):
+            lock_tree("/clinton/projects/README.txt", timeout=0, backend=backend).acquire()
+        with lock_tree("/clinton/projects/README.txt", shared=True, timeout=0, backend=backend):
+            pass
+
+    def test_namespaces_are_independent(self, backend, peer):
+        peer.acquire("fs", scheme="tree", path="/clinton", namespace="fs")
+        with lock_tree("/clinton", namespace="orders", timeout=0, backend=backend):
+            pass
+
+    # --- all or nothing ---------------------------------------------------------
+
+    def test_partial_acquire_leaves_no_residue(self, backend, peer):
+        peer.acquire("two", scheme="documents", ids=["2"])
+        before = held_keys(backend)
+        with pytest.raises(LockUnavailable):
+            lock_documents(["1", "2", "3"], timeout=0, backend=backend).acquire()
+        assert held_keys(backend) == before == {("2", "X")}
+
+    def test_partial_tree_acquire_leaves_no_residue(self, backend, peer):
+        peer.acquire("deep", scheme="tree", path="/a/b/c")
+        before = {(h.node.key, h.mode.value, h.holder_id) for h in all_holders(backend)}
+        with pytest.raises(LockTimeout):
+            lock_tree("/a/b/c/d/e", timeout=0.2, backend=backend).acquire()
+        assert {(h.node.key, h.mode.value, h.holder_id) for h in all_holders(backend)} == before
+        peer.release("deep")
+        assert all_holders(backend) == []
+
+    # --- document locks -----------------------------------------------------------
+
+    def test_document_locks_are_reentrant_and_release_only_their_own(self, backend, peer):
+        with lock_documents(["1", "2"], backend=backend) as outer:
+            with lock_documents(["2", "3"], timeout=0, backend=backend) as inner:
+                assert inner.token >= outer.token
+                assert {h.node.key for h in all_holders(backend)} == {"1", "2", "3"}
+            assert {(h.node.key, h.holder_id) for h in all_holders(backend)} == {
+                ("1", outer.holder_id),
+                ("2", outer.holder_id),
+            }
+            assert peer.acquire("two", scheme="documents", ids=["2"], timeout=0) == "LockUnavailable"
+            assert isinstance(peer.acquire("three", scheme="documents", ids=["3"], timeout=0), dict)
+        assert {h.node.key for h in all_holders(backend)} == {"3"}
+
+    def test_release_removes_only_own_holder(self, backend, peer):
+        peer.acquire("reader", scheme="tree", path="/shared/doc", shared=True)
+        with lock_tree("/shared/doc", shared=True, timeout=0, backend=backend) as mine:
+            assert len([h for h in all_holders(backend) if h.node.key == "/shared/doc"]) == 2
+        left = [h for h in all_holders(backend) if h.node.key == "/shared/doc"]
+        assert len(left) == 1 and left[0].holder_id != mine.holder_id
+        with pytest.raises(LockUnavailable):  # the peer's reader is still there
+            lock_tree("/shared/doc", timeout=0, backend=backend).acquire()
+
+    def test_global_lock_excludes_other_processes(self, backend, peer):
+        with global_lock(backend=backend, timeout=0):
+            assert peer.acquire("g", scheme="global", timeout=0) == "LockUnavailable"
+            assert isinstance(peer.acquire("other", scheme="global", name="nightly", timeout=0), dict)
+
+    # --- waiting ------------------------------------------------------------------
+
+    def test_timeout_zero_never_waits_and_number_waits_that_long(self, backend, peer):
+        peer.acquire("x", scheme="tree", path="/busy")
+        started = time.monotonic()
+        with pytest.raises(LockUnavailable) as info:
+            lock_tree("/busy", timeout=0, backend=backend).acquire()
+        assert not isinstance(info.value, LockTimeout)
+        started = time.monotonic()
+        with pytest.raises(LockTimeout):
+            lock_tree("/busy", timeout=0.5, backend=backend).acquire()
+        assert time.monotonic() - started >= 0.5
+
+    def test_timeout_none_waits_for_release(self, backend, peer):
+        peer.acquire("x", scheme="tree", path="/busy")
+        releaser = threading.Timer(0.5, peer.release, args=("x",))
+        releaser.start()
+        started = time.monotonic()
+        with lock_tree("/busy", timeout=None, backend=backend):
+            waited = time.monotonic() - started
+        releaser.join()
+        assert waited >= 0.4
+
+    def test_waiting_on_own_lock_is_a_deadlock_at_once(self, backend):
+        with lock_tree("/clinton", backend=backend):
+            for other in (lock_tree("/clinton/projects", backend=backend),
+                          lock_tree("/clinton", shared=True, backend=backend)):
+                started = time.monotonic()
+                with pytest.raises(LockDeadlock):
+                    other.acquire()
+                assert time.monotonic() - started < 5
+        with global_lock(backend=backend), pytest.raises(LockDeadlock):
+            global_lock(backend=backend, timeout=None).acquire()
+        with lock_tree("/a/b", shared=True, backend=backend):
+            with lock_tree("/a/c", shared=True, backend=backend):  # compatible: no deadlock
+                pass
+
+    # --- leases ---------------------------------------------------------------------
+
+    def test_expired_holder_is_evicted_by_acquisition(self, backend):
+        dead = raw_grant(backend, "/stale", Mode.X, ttl=0.5)
+        with pytest.raises(LockUnavailable):
+            lock_tree("/stale", timeout=0, backend=backend).acquire()
+        time.sleep(0.7)
+        with lock_tree("/stale", timeout=0, backend=backend) as lock:
+            assert [h.holder_id for h in all_holders(backend)] == [lock.holder_id]
+            assert lock.token > dead.token
+        assert backend.release(dead) is False
+
+    def test_fencing_tokens_strictly_increase_in_a_namespace(self, backend, peer):
+        tokens = []
+        for i in range(6):
+            path = ["/f/a", "/f/b", "/f"][i % 3]
+            if i % 2:
+                result = peer.acquire("t", scheme="tree", path=path)
+                tokens.append(result["token"])
+                peer.release("t")
+            else:
+                with lock_tree(path, backend=backend) as lock:
+                    tokens.append(lock.token)
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), tokens
+        with lock_tree("/f/a", backend=backend) as first, lock_documents(["x"], backend=backend) as second:
+            assert second.token > first.token
+
+    def test_renewal_keeps_a_hold_past_its_ttl(self, backend, peer):
+        with lock_tree("/long", ttl=1, backend=backend) as lock:
+            for _ in range(3):
+                time.sleep(1)
+                assert peer.acquire("w", scheme="tree", path="/long", timeout=0) == "LockUnavailable"
+                lock.check()
+            assert not lock.lost
+        assert isinstance(peer.acquire("w", scheme="tree", path="/long", timeout=0), dict)
+
+    def test_lock_is_lost_when_its_record_is_removed(self, backend, peer):
+        lost_reasons = []
+        from django_esdlock.signals import lock_lost
+
+        def on_lost(lock, reason, **kwargs):
+            lost_reasons.append(reason)
+
+        lock_lost.connect(on_lost)
+        try:
+            lock = lock_tree("/fragile", ttl=1, backend=backend).acquire()
+            assert backend.release(lock.grant) is True  # an operator removes it behind our back
+            assert isinstance(peer.acquire("thief", scheme="tree", path="/fragile", timeout=0), dict)
+            deadline = time.monotonic() + 5
+            while not lock.lost and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert lock.lost
+            with pytest.raises(LockLost):
+                lock.check()
+            with pytest.raises(LockLost):
+                lock.release()
+            assert lost_reasons
+        finally:
+            lock_lost.disconnect(on_lost)
+
+    def test_decorator_acquires_on_each_call(self, backend, peer):
+        @lock_tree("/decorated", timeout=0, backend=backend)
+        def work():
+            return peer.acquire("w", scheme="tree", path="/decorated", timeout=0)
+
+        assert work() == "LockUnavailable"
+        assert work() == "LockUnavailable"
+        assert all_holders(backend) == []

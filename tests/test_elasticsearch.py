@@ -1,0 +1,41 @@
+"""The contract suite and Elasticsearch-specific behaviour, against a real server."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_esdlock.backends.elasticsearch import MAPPING, ElasticsearchLockBackend
+from django_esdlock.conf import load_backend
+
+from .contract import LockBackendContract
+from .stores import es_config
+
+
+@pytest.fixture
+def lock_config(es_url):
+    config = es_config(es_url)
+    yield config
+    backend = load_backend(config)
+    backend.client.options(ignore_status=404).indices.delete(index=config["OPTIONS"]["index"])
+    backend.close()
+
+
+class TestElasticsearchContract(LockBackendContract):
+    pass
+
+
+def test_index_has_one_shard_and_the_strict_mapping(lock_config):
+    backend = load_backend(lock_config)
+    backend.setup()
+    index = lock_config["OPTIONS"]["index"]
+    mapping = backend.client.indices.get_mapping(index=index)[index]["mappings"]
+    assert mapping["dynamic"] == "strict"
+    assert mapping["properties"] == MAPPING["properties"]
+    settings = backend.client.indices.get_settings(index=index)[index]["settings"]["index"]
+    assert settings["number_of_shards"] == "1"
+    assert backend.check() == []
+
+
+def test_construction_makes_no_request():
+    backend = ElasticsearchLockBackend(hosts=["http://127.0.0.1:9"], index="never")
+    assert backend._client is None
