@@ -98,8 +98,10 @@ class LockBackendContract:
             lock_tree("/clinton/projects/elasticsearch/README.txt/x", timeout=0, backend=backend).acquire()
         peer.release("file")
         with lock_tree("/clinton", timeout=0, backend=backend):
-            assert peer.acquire("file", scheme="tree", path="/clinton/projects/elasticsearch/README.txt",
-                                timeout=0) == "LockUnavailable"
+            assert (
+                peer.acquire("file", scheme="tree", path="/clinton/projects/elasticsearch/README.txt", timeout=0)
+                == "LockUnavailable"
+            )
 
     def test_siblings_and_shared_readers_do_not_conflict(self, backend, peer):
         assert isinstance(peer.acquire("a", scheme="tree", path="/clinton/a"), dict)
@@ -193,8 +195,10 @@ class LockBackendContract:
 
     def test_waiting_on_own_lock_is_a_deadlock_at_once(self, backend):
         with lock_tree("/clinton", backend=backend):
-            for other in (lock_tree("/clinton/projects", backend=backend),
-                          lock_tree("/clinton", shared=True, backend=backend)):
+            for other in (
+                lock_tree("/clinton/projects", backend=backend),
+                lock_tree("/clinton", shared=True, backend=backend),
+            ):
                 started = time.monotonic()
                 with pytest.raises(LockDeadlock):
                     other.acquire()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import traceback
@@ -28,8 +29,14 @@ def build_lock(config: dict, spec: dict):
     kwargs = {k: spec[k] for k in ("timeout", "ttl") if k in spec}
     scheme = spec["scheme"]
     if scheme == "tree":
-        return lock_tree(spec["path"], shared=spec.get("shared", False), namespace=spec.get("namespace", "default"),
-                         intent=spec.get("intent"), backend=backend, **kwargs)
+        return lock_tree(
+            spec["path"],
+            shared=spec.get("shared", False),
+            namespace=spec.get("namespace", "default"),
+            intent=spec.get("intent"),
+            backend=backend,
+            **kwargs,
+        )
     if scheme == "documents":
         return lock_documents(spec["ids"], namespace=spec.get("namespace", "default"), backend=backend, **kwargs)
     if scheme == "global":
@@ -50,10 +57,8 @@ def _serve(config: dict, conn) -> None:
         try:
             if command == "stop":
                 for lock in held.values():
-                    try:
+                    with contextlib.suppress(LockError):
                         lock.release()
-                    except LockError:
-                        pass
                 conn.send(("ok", None))
                 return
             if command == "acquire":
@@ -111,10 +116,8 @@ class Peer:
 
     def close(self) -> None:
         if self.process.is_alive():
-            try:
+            with contextlib.suppress(TimeoutError, OSError, EOFError):
                 self._call("stop", timeout=30)
-            except (TimeoutError, OSError, EOFError):
-                pass
         self.process.join(timeout=10)
         if self.process.is_alive():
             self.process.kill()

@@ -127,7 +127,11 @@ def read_acquire_items(request: LockRequest, items: Sequence[Mapping[str, Any]])
         if result in ("created", "updated"):
             outcome.taken.append(node)
             outcome.token = max(outcome.token, body["_seq_no"] + 1)
-        elif result == "noop" and request.reentrant and _own_hold(body.get("get", {}).get("_source"), request.owner.key, mode):
+        elif (
+            result == "noop"
+            and request.reentrant
+            and _own_hold(body.get("get", {}).get("_source"), request.owner.key, mode)
+        ):
             outcome.token = max(outcome.token, body.get("_seq_no", -1) + 1)
         elif result == "noop":
             outcome.refused.append(node)
@@ -190,7 +194,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 "use 'hosts', 'index' or a keyword of elasticsearch.Elasticsearch"
             )
         if not isinstance(index, str) or not index or index != index.lower() or index.startswith(("_", "-", "+")):
-            raise ImproperlyConfigured(f"ElasticsearchLockBackend OPTIONS['index'] is not a valid index name: {index!r}")
+            raise ImproperlyConfigured(
+                f"ElasticsearchLockBackend OPTIONS['index'] is not a valid index name: {index!r}"
+            )
         self.hosts = [hosts] if isinstance(hosts, str) else list(hosts)
         self.index = index
         self.client_options = client_options
@@ -305,8 +311,12 @@ class ElasticsearchLockBackend(BaseLockBackend):
             return True
         operations: list[dict[str, Any]] = []
         for node in nodes:
-            operations.append({"update": {"_index": self.index, "_id": node.id, "retry_on_conflict": RETRY_ON_CONFLICT}})
-            operations.append({"script": {"source": scripts.RELEASE, "lang": "painless", "params": {"holder_id": holder_id}}})
+            operations.append(
+                {"update": {"_index": self.index, "_id": node.id, "retry_on_conflict": RETRY_ON_CONFLICT}}
+            )
+            operations.append(
+                {"script": {"source": scripts.RELEASE, "lang": "painless", "params": {"holder_id": holder_id}}}
+            )
         try:
             items = self._bulk(operations, "release")
         except LockBackendUnavailable:
@@ -335,7 +345,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
         }
         operations: list[dict[str, Any]] = []
         for node in grant.taken:
-            operations.append({"update": {"_index": self.index, "_id": node.id, "retry_on_conflict": RETRY_ON_CONFLICT}})
+            operations.append(
+                {"update": {"_index": self.index, "_id": node.id, "retry_on_conflict": RETRY_ON_CONFLICT}}
+            )
             operations.append({"script": {"source": scripts.RENEW, "lang": "painless", "params": params}})
         if not operations:
             return True
@@ -428,12 +440,21 @@ class ElasticsearchLockBackend(BaseLockBackend):
         operations: list[dict[str, Any]] = []
         for doc_id in candidates:
             operations.append(
-                {"update": {"_index": self.index, "_id": doc_id, "retry_on_conflict": RETRY_ON_CONFLICT, "_source": ["holders.id"]}}
+                {
+                    "update": {
+                        "_index": self.index,
+                        "_id": doc_id,
+                        "retry_on_conflict": RETRY_ON_CONFLICT,
+                        "_source": ["holders.id"],
+                    }
+                }
             )
-            operations.append({"script": {"source": scripts.EVICT, "lang": "painless", "params": {"grace_ms": grace_ms}}})
+            operations.append(
+                {"script": {"source": scripts.EVICT, "lang": "painless", "params": {"grace_ms": grace_ms}}}
+            )
         items = self._bulk(operations, "evict expired holders")
         evicted: list[HolderRecord] = []
-        for (doc_id, found), item in zip(candidates.items(), items, strict=True):
+        for found, item in zip(candidates.values(), items, strict=True):
             body = item["update"]
             if body.get("result") == "deleted":
                 evicted.extend(found)

@@ -1,0 +1,74 @@
+"""Settings of the example project, read from the environment with django-environ.
+
+With nothing set it runs on the embedded default: SQLite for Django's tables
+and for the locks. ``LOCK_URL`` (or ``LOCK_BACKEND``) points the locks at
+Elasticsearch (``elasticsearch://127.0.0.1:9200/locks``) or PostgreSQL.
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+SECRET_KEY = env.str("SECRET_KEY", default="example-project-not-secret")
+DEBUG = env.bool("DEBUG", default=True)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+USE_TZ = True
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_esdlock",
+]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+ROOT_URLCONF = "example_project.urls"
+WSGI_APPLICATION = "example_project.wsgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "example_project" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'example.sqlite3'}")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "static/"
+
+LOCK_BACKEND = (
+    env.str("LOCK_URL", default=None)
+    or env.str("LOCK_BACKEND", default=None)
+    or {
+        "BACKEND": "django_esdlock.backends.database.DatabaseLockBackend",
+        "OPTIONS": {"using": "default"},
+        "TTL": 30,
+    }
+)
+ELASTICSEARCH_URL = env.str("ELASTICSEARCH_URL", default="")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_esdlock": {"handlers": ["console"], "level": env.str("LOCK_LOG_LEVEL", default="INFO")}},
+}

@@ -1,0 +1,76 @@
+"""Settings: dicts, URLs, and typed errors for everything else."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_esdlock import InvalidLockBackend, get_backend
+from django_esdlock.backends.elasticsearch import ElasticsearchLockBackend
+from django_esdlock.conf import ELASTICSEARCH_BACKEND, backend_config, load_backend, parse_url
+
+ES = {"BACKEND": ELASTICSEARCH_BACKEND, "OPTIONS": {"hosts": ["http://127.0.0.1:9"], "index": "locks"}}
+
+
+def test_elasticsearch_url():
+    config = parse_url("elasticsearch://user:p%40ss@es.example:9201/my-locks?ttl=12")
+    assert config == {
+        "BACKEND": ELASTICSEARCH_BACKEND,
+        "OPTIONS": {"hosts": ["http://es.example:9201"], "index": "my-locks", "basic_auth": ("user", "p@ss")},
+        "TTL": 12.0,
+    }
+    assert parse_url("elasticsearch+https://es.example/")["OPTIONS"] == {"hosts": ["https://es.example"]}
+
+
+def test_database_urls_name_the_database_backend():
+    assert parse_url("postgres://postgres@127.0.0.1:5432/test")["OPTIONS"] == {
+        "url": "postgres://postgres@127.0.0.1:5432/test"
+    }
+    assert parse_url("sqlite:////tmp/locks.sqlite3")["BACKEND"].endswith("DatabaseLockBackend")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({**ES, "TIMEOUT": 3}, "unknown key"),
+        ({"OPTIONS": {}}, "no 'BACKEND'"),
+        ({"BACKEND": "django_esdlock.backends.nope.NopeBackend"}, "Could not import"),
+        ({"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}, "not a subclass"),
+        ({**ES, "TTL": -1}, "positive"),
+        ({**ES, "TTL": float("nan")}, "positive"),
+        ({**ES, "TTL": "30"}, "positive"),
+        ({**ES, "OPTIONS": ["hosts"]}, "must be a dict"),
+        ("redis://127.0.0.1:6379", "scheme"),
+        ("elasticsearch:///locks", "no host"),
+        ("elasticsearch://h:9200/locks?ttl=soon", "not a number"),
+        (42, "dict or a URL"),
+    ],
+)
+def test_bad_settings_are_typed_errors(value, message):
+    with pytest.raises(InvalidLockBackend, match=message) as info:
+        load_backend(value)
+    assert isinstance(info.value, ImproperlyConfigured)
+
+
+def test_unknown_backend_option_is_named():
+    with pytest.raises(ImproperlyConfigured, match="shards"):
+        load_backend({**ES, "OPTIONS": {**ES["OPTIONS"], "shards": 3}})
+
+
+def test_client_options_pass_through():
+    backend = load_backend({**ES, "OPTIONS": {**ES["OPTIONS"], "request_timeout": 3, "verify_certs": False}})
+    assert backend.client_options == {"request_timeout": 3, "verify_certs": False}
+
+
+def test_default_is_the_database_backend():
+    assert backend_config(None)["BACKEND"].endswith("DatabaseLockBackend")
+
+
+def test_override_settings_resets_the_cached_backend():
+    with override_settings(LOCK_BACKEND=ES):
+        first = get_backend()
+        assert isinstance(first, ElasticsearchLockBackend)
+        assert get_backend() is first
+    with override_settings(LOCK_BACKEND="elasticsearch://127.0.0.1:9/other"):
+        assert get_backend().index == "other"

@@ -1,0 +1,63 @@
+"""Reading bulk items as a real cluster answers them, including what noida-db never sends."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_esdlock.backends.elasticsearch import read_acquire_items
+from django_esdlock.modes import Mode
+from django_esdlock.records import Kind, LockRequest, Node, Owner
+
+OWNER = Owner("host", 1, 2, "MainThread", "proc")
+A, B, C = (Node("fs", Kind.TREE, p) for p in ("/a", "/a/b", "/a/b/c"))
+
+
+def request(reentrant=False):
+    return LockRequest("h1", OWNER, ((A, Mode.IX), (B, Mode.IX), (C, Mode.X)), 30, reentrant=reentrant)
+
+
+def ok(result, seq_no, **extra):
+    return {"update": {"_id": "x", "result": result, "_seq_no": seq_no, "_primary_term": 1, "status": 200, **extra}}
+
+
+def error(status, kind):
+    return {"update": {"_id": "x", "status": status, "error": {"type": kind, "reason": "..."}}}
+
+
+def test_all_taken_token_is_highest_seq_no_plus_one():
+    outcome = read_acquire_items(request(), [ok("created", 7), ok("updated", 9), ok("created", 8)])
+    assert outcome.taken == [A, B, C] and not outcome.refused and not outcome.errors
+    assert outcome.token == 10
+
+
+def test_noop_is_a_refusal():
+    outcome = read_acquire_items(request(), [ok("updated", 3), ok("updated", 4), ok("noop", 2)])
+    assert outcome.taken == [A, B] and outcome.refused == [C]
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (409, "version_conflict_engine_exception"),  # concurrent update after retry_on_conflict
+        (409, "version_conflict_engine_exception"),  # two upserts racing: "document already exists"
+        (429, "es_rejected_execution_exception"),  # write queue full
+    ],
+)
+def test_contention_is_a_refusal_never_a_grant(status, kind):
+    outcome = read_acquire_items(request(), [ok("created", 1), error(status, kind), ok("created", 2)])
+    assert outcome.taken == [A, C] and outcome.refused == [B] and not outcome.errors
+
+
+def test_other_item_errors_are_errors():
+    outcome = read_acquire_items(request(), [ok("created", 1), error(400, "script_exception"), ok("created", 2)])
+    assert outcome.errors and outcome.taken == [A, C]
+
+
+def test_reentrant_noop_on_own_node_is_not_a_refusal():
+    mine = {"get": {"_source": {"holders": [{"owner": {"key": OWNER.key}, "mode": "X"}]}}}
+    theirs = {"get": {"_source": {"holders": [{"owner": {"key": "other/1"}, "mode": "X"}]}}}
+    req = LockRequest("h1", OWNER, ((A, Mode.X), (B, Mode.X)), 30, reentrant=True)
+    outcome = read_acquire_items(req, [ok("noop", 5, **mine), ok("created", 6)])
+    assert outcome.taken == [B] and not outcome.refused and outcome.token == 7
+    outcome = read_acquire_items(req, [ok("noop", 5, **theirs), ok("created", 6)])
+    assert outcome.refused == [A]

@@ -1,0 +1,35 @@
+"""Multi-process stress: no lost update under locks, lost updates without (so it can fail)."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_esdlock.conf import load_backend
+
+from .contract import all_holders
+from .stores import es_config
+from .stress import run_stress
+
+
+@pytest.fixture(params=["elasticsearch"])
+def stress_config(request, es_url):
+    config = es_config(es_url)
+    yield config
+    backend = load_backend(config)
+    backend.client.options(ignore_status=404).indices.delete(index=config["OPTIONS"]["index"])
+    backend.close()
+
+
+@pytest.mark.slow
+def test_no_lost_update_under_tree_locks(stress_config):
+    result = run_stress(stress_config, processes=8, rounds=250)
+    assert sum(result.expected) >= 2000
+    assert result.actual == result.expected, f"lost {result.lost_updates} updates in {result.seconds:.1f}s"
+    assert result.token_violations == 0
+    assert all_holders(load_backend(stress_config)) == []
+
+
+@pytest.mark.slow
+def test_control_run_without_locks_loses_updates(stress_config):
+    result = run_stress(stress_config, processes=8, rounds=60, use_locks=False)
+    assert result.lost_updates > 0, "the race window is too small to show anything"
