@@ -10,3 +10,6 @@ class EsdlockConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the checks)
+        from .recovery import autodiscover
+
+        autodiscover()

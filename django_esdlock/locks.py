@@ -212,6 +212,31 @@ class Lock(contextlib.ContextDecorator):
             self.check()
         self._renewed(started)
 
+    @classmethod
+    def adopt(cls, grant: Grant, backend: BaseLockBackend, *, started: float) -> Lock:
+        """Hold a grant made outside :meth:`acquire` (a reaper's takeover), renewing it."""
+        lock = cls(grant.request.targets, ttl=grant.request.ttl, intent=grant.request.intent, backend=backend)
+        lock._grant = grant
+        lock._valid_until = started + grant.request.ttl
+        _registry.add(lock)
+        _renewer.add(lock, grant.request.ttl)
+        return lock
+
+    def abandon(self, *, recovery: Mapping[str, Any] | None = None) -> None:
+        """Stop renewing and forget the grant without releasing it: its lease will run out.
+
+        With ``recovery``, record it with the holders first (a failed recovery
+        stays visible and is retried once the lease is gone).
+        """
+        grant = self._grant
+        if grant is None:
+            return
+        _renewer.remove(self)
+        _registry.remove(self)
+        self._grant = None
+        if recovery is not None:
+            self.backend.renew(grant, recovery=dict(recovery))
+
     # --- renewal hooks (called by the renewer thread) -----------------------
 
     def _renewed(self, started: float) -> None:

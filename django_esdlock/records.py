@@ -50,16 +50,34 @@ class Node:
         return f"{self.namespace}:{self.key}" if self.kind is Kind.TREE else f"{self.namespace}:{self.kind}:{self.key}"
 
 
+def process_start(pid: int | str = "self") -> str | None:
+    """Return what tells this run of ``pid`` from a later process with the same pid.
+
+    On Linux: the boot id and the process's start time in clock ticks, read
+    from /proc; None where /proc is missing or the process is gone.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = f.read().rsplit(")", 1)[1].split()[19]  # field 22, starttime
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except (OSError, IndexError):
+        return None
+    return f"{boot}/{ticks}"
+
+
 # A fresh id per process, so that pid reuse and fork never confuse two owners.
 _process_id = uuid.uuid4().hex
+_process_start = process_start()
 
 
-def _new_process_id() -> None:
-    global _process_id
+def _after_fork() -> None:
+    global _process_id, _process_start
     _process_id = uuid.uuid4().hex
+    _process_start = process_start()
 
 
-os.register_at_fork(after_in_child=_new_process_id)
+os.register_at_fork(after_in_child=_after_fork)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,11 +89,13 @@ class Owner:
     thread: int
     thread_name: str
     process: str
+    started: str | None = None
+    """The process's start identity (:func:`process_start`), to detect a reused pid."""
 
     @classmethod
     def current(cls) -> Owner:
         thread = threading.current_thread()
-        return cls(socket.gethostname(), os.getpid(), threading.get_ident(), thread.name, _process_id)
+        return cls(socket.gethostname(), os.getpid(), threading.get_ident(), thread.name, _process_id, _process_start)
 
     @property
     def key(self) -> str:
@@ -126,10 +146,30 @@ class HolderRecord:
     expires_at: datetime.datetime
     intent: Mapping[str, Any] | None = None
     checkpoint: Mapping[str, Any] | None = None
+    recovery: Mapping[str, Any] | None = None
+    """Set once a reaper took the holder over: state, attempts, last error."""
 
     @property
     def expired(self) -> bool:
+        """Whether the lease has run out by this host's clock (for display; stores judge by theirs)."""
         return self.expires_at <= datetime.datetime.now(datetime.timezone.utc)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready view, as ``reap_locks --json`` and the admin show it."""
+        return {
+            "namespace": self.node.namespace,
+            "kind": self.node.kind.value,
+            "path": self.node.key,
+            "mode": self.mode.value,
+            "holder_id": self.holder_id,
+            "owner": dict(self.owner),
+            "token": self.token,
+            "acquired_at": self.acquired_at.isoformat() if self.acquired_at else None,
+            "expires_at": self.expires_at.isoformat(),
+            "intent": self.intent,
+            "checkpoint": self.checkpoint,
+            "recovery": self.recovery,
+        }
 
 
 @dataclasses.dataclass(frozen=True)

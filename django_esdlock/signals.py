@@ -15,4 +15,10 @@ lock_reaped = Signal()
 """Sent for each expired holder the reaper removes, with ``holder``."""
 
 lock_recovered = Signal()
-"""Sent after a recovery handler finished a dead holder's intent, with ``holder``."""
+"""Sent after a recovery handler finished a dead holder's intent, with ``holder`` and ``lock``."""
+
+lock_recovery_failed = Signal()
+"""Sent when a recovery handler raised (the holder stays, marked failed), with ``holder`` and ``error``."""
+
+lock_unrecoverable = Signal()
+"""Sent for an expired holder whose intent has no recovery handler, with ``holder``."""

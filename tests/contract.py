@@ -21,12 +21,9 @@ from django_esdlock import (
     lock_documents,
     lock_tree,
 )
-from django_esdlock.conf import load_backend
 from django_esdlock.locks import Lock
 from django_esdlock.modes import Mode, compatible
 from django_esdlock.records import Kind, LockRequest, Node, Owner
-
-from .peer import Peer
 
 
 def all_holders(backend) -> list:
@@ -58,19 +55,10 @@ def raw_grant(backend, path: str, mode: Mode, *, ttl: float, namespace: str = "d
 
 
 class LockBackendContract:
-    """Subclass with a ``lock_config`` fixture; every test here must pass unchanged."""
+    """Subclass with a ``lock_config`` fixture; every test here must pass unchanged.
 
-    @pytest.fixture
-    def backend(self, lock_config):
-        backend = load_backend(lock_config)
-        yield backend
-        backend.close()
-
-    @pytest.fixture
-    def peer(self, lock_config):
-        peer = Peer(lock_config)
-        yield peer
-        peer.close()
+    The ``backend`` and ``peer`` fixtures (tests/conftest.py) build on it.
+    """
 
     # --- the compatibility matrix, across two processes --------------------
 

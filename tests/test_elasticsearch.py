@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from django.core.management import CommandError, call_command
+from django.test import override_settings
 
 from django_esdlock.backends.elasticsearch import MAPPING, ElasticsearchLockBackend
 from django_esdlock.conf import load_backend
 
 from .contract import LockBackendContract
+from .reaper_contract import ReaperContract
 from .stores import es_config
 
 
@@ -39,3 +44,16 @@ def test_index_has_one_shard_and_the_strict_mapping(lock_config):
 def test_construction_makes_no_request():
     backend = ElasticsearchLockBackend(hosts=["http://127.0.0.1:9"], index="never")
     assert backend._client is None
+
+
+class TestElasticsearchReaper(ReaperContract):
+    pass
+
+
+def test_reap_locks_reports_an_unreachable_store():
+    unreachable = {
+        "BACKEND": "django_esdlock.backends.elasticsearch.ElasticsearchLockBackend",
+        "OPTIONS": {"hosts": ["http://127.0.0.1:9"], "index": "locks", "request_timeout": 1, "max_retries": 0},
+    }
+    with override_settings(LOCK_BACKEND=unreachable), pytest.raises(CommandError, match="reaping failed"):
+        call_command("reap_locks", stdout=io.StringIO())

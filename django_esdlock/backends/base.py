@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from django.core import checks
 
-from ..records import Grant, HolderPage, HolderRecord, LockRequest, Node
+from ..records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner
 
 
 class BaseLockBackend(abc.ABC):
@@ -47,11 +47,18 @@ class BaseLockBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def renew(self, grant: Grant, *, checkpoint: dict[str, Any] | None = None) -> bool:
+    def renew(
+        self,
+        grant: Grant,
+        *,
+        checkpoint: dict[str, Any] | None = None,
+        recovery: dict[str, Any] | None = None,
+    ) -> bool:
         """Extend the lease of this grant's holders by the request's TTL.
 
-        Record ``checkpoint`` with the holders when given. Return False if any
-        holder is gone or already expired: the lock is lost.
+        Record ``checkpoint`` and ``recovery`` with the holders when given.
+        Return False if any holder is gone, already expired, or now belongs to
+        another owner (a reaper took it over): the lock is lost.
         """
 
     # --- inspection and maintenance -------------------------------------
@@ -80,6 +87,36 @@ class BaseLockBackend(abc.ABC):
         Holders that carry an intent are left for recovery. Delete nodes left
         empty. Return what was (or, with ``dry_run``, would be) removed.
         """
+
+    def holder_records(self, holder_id: str) -> list[HolderRecord]:
+        """Return the records of one holder on every node it holds."""
+        raise NotImplementedError(f"{type(self).__name__} cannot look a holder up by id")
+
+    def force_release(self, holder_id: str, nodes: Sequence[Node]) -> bool:
+        """Remove holder ``holder_id`` from ``nodes`` whoever owns it; True if it was on all."""
+        raise NotImplementedError(f"{type(self).__name__} cannot force a release")
+
+    def expired_with_intent(self, *, namespace: str | None = None, grace: float = 0.0) -> list[HolderRecord]:
+        """Return the records (every node) of holders that expired carrying an intent."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list holders awaiting recovery")
+
+    def take_over(
+        self,
+        records: Sequence[HolderRecord],
+        owner: Owner,
+        *,
+        ttl: float,
+        recovery: dict[str, Any],
+        require_expired: bool = True,
+    ) -> Grant | None:
+        """Hand one holder's records to ``owner`` with a fresh lease and a new fencing token.
+
+        Take the arbiter record (the holder's S or X node) first, and only if
+        it still has the owner it was read with and, with ``require_expired``,
+        its lease ran out: of several callers exactly one wins. Keep intent
+        and checkpoint; record ``recovery``. Return the grant, or None.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot take a holder over")
 
     def wait(self, nodes: Sequence[Node], timeout: float, attempt: int) -> None:
         """Block until one of ``nodes`` may have been released, at most ``timeout`` seconds.

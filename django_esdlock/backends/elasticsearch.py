@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import inspect
 import json
+import math
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -17,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .. import modes, paths
 from ..exceptions import LockBackendUnavailable
-from ..records import Grant, HolderPage, HolderRecord, Kind, LockRequest, Node, from_epoch_ms
+from ..records import Grant, HolderPage, HolderRecord, Kind, LockRequest, Node, Owner, from_epoch_ms
 from . import elasticsearch_scripts as scripts
 from .base import BaseLockBackend
 
@@ -37,6 +38,7 @@ _OWNER = {
         "thread": {"type": "keyword"},
         "thread_name": {"type": "keyword"},
         "process": {"type": "keyword"},
+        "started": {"type": "keyword"},
         "key": {"type": "keyword"},
     }
 }
@@ -65,6 +67,7 @@ MAPPING: dict[str, Any] = {
                 "expires_at": {"type": "date", "format": "epoch_millis"},
                 "intent": {"type": "object", "enabled": False},
                 "checkpoint": {"type": "object", "enabled": False},
+                "recovery": {"type": "object", "enabled": False},
             },
         },
     },
@@ -164,9 +167,21 @@ def _records(source: Mapping[str, Any], holders: Sequence[Mapping[str, Any]] | N
             expires_at=from_epoch_ms(h["expires_at"]),
             intent=h.get("intent"),
             checkpoint=h.get("checkpoint"),
+            recovery=h.get("recovery"),
         )
         for h in (source.get("holders") or [] if holders is None else holders)
     ]
+
+
+def _expired_query(grace: float) -> dict[str, Any]:
+    """Match holders expired for at least ``grace`` seconds, by the store's clock (``now``).
+
+    Date math has no millisecond unit, so the grace is cut to whole seconds:
+    the query may match a little early, and the EVICT script, which compares
+    ``ctx._now`` to the millisecond, has the last word.
+    """
+    seconds = math.floor(max(0.0, grace))
+    return {"range": {"holders.expires_at": {"lte": f"now-{seconds}s" if seconds else "now"}}}
 
 
 class ElasticsearchLockBackend(BaseLockBackend):
@@ -292,31 +307,35 @@ class ElasticsearchLockBackend(BaseLockBackend):
             items = self._bulk(operations, "acquire")
         except LockBackendUnavailable:
             # The bulk may have been applied in part: give back whatever it took.
-            self._release_nodes(request.holder_id, [node for node, _ in request.targets], quiet=True)
+            self._release_nodes(request.holder_id, request.owner.key, [n for n, _ in request.targets], quiet=True)
             raise
         outcome = read_acquire_items(request, items)
         if outcome.errors or outcome.refused:
-            self._release_nodes(request.holder_id, outcome.taken, quiet=bool(outcome.errors))
+            self._release_nodes(request.holder_id, request.owner.key, outcome.taken, quiet=bool(outcome.errors))
             if outcome.errors:
                 raise LockBackendUnavailable(f"Elasticsearch refused the acquire: {'; '.join(outcome.errors)}")
             return None
         return Grant(request=request, token=outcome.token, taken=tuple(outcome.taken))
 
     def release(self, grant: Grant) -> bool:
-        return self._release_nodes(grant.request.holder_id, grant.taken)
+        return self._release_nodes(grant.request.holder_id, grant.request.owner.key, grant.taken)
 
-    def _release_nodes(self, holder_id: str, nodes: Sequence[Node], *, quiet: bool = False) -> bool:
-        """Remove ``holder_id`` from ``nodes``; True if it was on every one of them."""
+    def force_release(self, holder_id: str, nodes: Sequence[Node]) -> bool:
+        return self._release_nodes(holder_id, None, nodes)
+
+    def _release_nodes(
+        self, holder_id: str, owner_key: str | None, nodes: Sequence[Node], *, quiet: bool = False
+    ) -> bool:
+        """Remove ``holder_id`` (of ``owner_key``, or anyone's) from ``nodes``; True if it was on all."""
         if not nodes:
             return True
+        params = {"holder_id": holder_id, "owner_key": owner_key}
         operations: list[dict[str, Any]] = []
         for node in nodes:
             operations.append(
                 {"update": {"_index": self.index, "_id": node.id, "retry_on_conflict": RETRY_ON_CONFLICT}}
             )
-            operations.append(
-                {"script": {"source": scripts.RELEASE, "lang": "painless", "params": {"holder_id": holder_id}}}
-            )
+            operations.append({"script": {"source": scripts.RELEASE, "lang": "painless", "params": params}})
         try:
             items = self._bulk(operations, "release")
         except LockBackendUnavailable:
@@ -336,12 +355,20 @@ class ElasticsearchLockBackend(BaseLockBackend):
             raise LockBackendUnavailable(f"Elasticsearch failed to release: {'; '.join(failures)}")
         return all_there
 
-    def renew(self, grant: Grant, *, checkpoint: dict[str, Any] | None = None) -> bool:
+    def renew(
+        self,
+        grant: Grant,
+        *,
+        checkpoint: dict[str, Any] | None = None,
+        recovery: dict[str, Any] | None = None,
+    ) -> bool:
         params = {
             "holder_id": grant.request.holder_id,
+            "owner_key": grant.request.owner.key,
             "ttl_ms": grant.request.ttl_ms,
             "token": grant.token,
             "checkpoint": checkpoint,
+            "recovery": recovery,
         }
         operations: list[dict[str, Any]] = []
         for node in grant.taken:
@@ -404,64 +431,127 @@ class ElasticsearchLockBackend(BaseLockBackend):
         return _records(response["_source"]) if response.get("found") else []
 
     def evict_expired(
-        self, *, namespace: str | None = None, grace: float = 0.0, dry_run: bool = False
+        self,
+        *,
+        namespace: str | None = None,
+        grace: float = 0.0,
+        dry_run: bool = False,
     ) -> list[HolderRecord]:
-        if not self._index_exists():
-            return []
-        self._refresh()
-        grace_ms = max(0, round(grace * 1000))
-        # `now` in the query is the store's clock, as is `ctx._now` in EVICT.
-        expired = {"range": {"holders.expires_at": {"lte": f"now-{grace_ms}ms"}}}
-        filters: list[dict[str, Any]] = [
-            {"nested": {"path": "holders", "query": expired, "inner_hits": {"size": 100, "name": "expired"}}}
-        ]
-        if namespace is not None:
-            filters.append({"term": {"namespace": namespace}})
-        body: dict[str, Any] = {"query": {"bool": {"filter": filters}}, "sort": _SORT, "size": 500}
         evicted: list[HolderRecord] = []
-        while True:
-            with self._translate("find expired holders"):
-                hits = self.client.search(index=self.index, **body)["hits"]["hits"]
-            if not hits:
-                return evicted
-            candidates = {}
-            for hit in hits:
-                inner = [h["_source"] for h in hit["inner_hits"]["expired"]["hits"]["hits"]]
-                found = [r for r in _records(hit["_source"], inner) if not r.intent]
-                if found:
-                    candidates[hit["_id"]] = found
+        for page in self._holder_pages(_expired_query(grace), namespace=namespace):
+            found = [r for r in page if not r.intent]
             if dry_run:
-                evicted.extend(r for found in candidates.values() for r in found)
-            elif candidates:
-                evicted.extend(self._evict(candidates, grace_ms))
-            body["search_after"] = hits[-1]["sort"]
+                evicted.extend(found)
+            elif found:
+                evicted.extend(self._evict(found, max(0, round(grace * 1000))))
+        return evicted
 
-    def _evict(self, candidates: dict[str, list[HolderRecord]], grace_ms: int) -> list[HolderRecord]:
+    def _evict(self, found: list[HolderRecord], grace_ms: int) -> list[HolderRecord]:
+        by_node: dict[str, list[HolderRecord]] = {}
+        for record in found:
+            by_node.setdefault(record.node.id, []).append(record)
         operations: list[dict[str, Any]] = []
-        for doc_id in candidates:
-            operations.append(
-                {
-                    "update": {
-                        "_index": self.index,
-                        "_id": doc_id,
-                        "retry_on_conflict": RETRY_ON_CONFLICT,
-                        "_source": ["holders.id"],
-                    }
-                }
-            )
+        for node_id in by_node:
+            header = {"_index": self.index, "_id": node_id, "retry_on_conflict": RETRY_ON_CONFLICT}
+            operations.append({"update": {**header, "_source": ["holders.id"]}})
             operations.append(
                 {"script": {"source": scripts.EVICT, "lang": "painless", "params": {"grace_ms": grace_ms}}}
             )
         items = self._bulk(operations, "evict expired holders")
         evicted: list[HolderRecord] = []
-        for found, item in zip(candidates.values(), items, strict=True):
+        for records, item in zip(by_node.values(), items, strict=True):
             body = item["update"]
             if body.get("result") == "deleted":
-                evicted.extend(found)
+                evicted.extend(records)
             elif body.get("result") == "updated":
                 left = {h["id"] for h in body.get("get", {}).get("_source", {}).get("holders", [])}
-                evicted.extend(r for r in found if r.holder_id not in left)
+                evicted.extend(r for r in records if r.holder_id not in left)
         return evicted
+
+    def _holder_pages(
+        self, nested_query: dict[str, Any], *, namespace: str | None = None
+    ) -> Iterator[list[HolderRecord]]:
+        """Yield, page by page, the holders matching ``nested_query`` (by inner hits)."""
+        if not self._index_exists():
+            return
+        self._refresh()
+        filters: list[dict[str, Any]] = [
+            {"nested": {"path": "holders", "query": nested_query, "inner_hits": {"size": 100, "name": "match"}}}
+        ]
+        if namespace is not None:
+            filters.append({"term": {"namespace": namespace}})
+        body: dict[str, Any] = {"query": {"bool": {"filter": filters}}, "sort": _SORT, "size": 500}
+        while True:
+            with self._translate("search holders"):
+                hits = self.client.search(index=self.index, **body)["hits"]["hits"]
+            if not hits:
+                return
+            yield [
+                record
+                for hit in hits
+                for record in _records(
+                    hit["_source"], [h["_source"] for h in hit["inner_hits"]["match"]["hits"]["hits"]]
+                )
+            ]
+            body["search_after"] = hits[-1]["sort"]
+
+    def holder_records(self, holder_id: str) -> list[HolderRecord]:
+        return [r for page in self._holder_pages({"term": {"holders.id": holder_id}}) for r in page]
+
+    def expired_with_intent(self, *, namespace: str | None = None, grace: float = 0.0) -> list[HolderRecord]:
+        pages = self._holder_pages(_expired_query(grace), namespace=namespace)
+        return [r for page in pages for r in page if r.intent]
+
+    def take_over(
+        self,
+        records: Sequence[HolderRecord],
+        owner: Owner,
+        *,
+        ttl: float,
+        recovery: dict[str, Any],
+        require_expired: bool = True,
+    ) -> Grant | None:
+        records = sorted(records, key=lambda r: r.node.id)
+        holder_ids = {r.holder_id for r in records}
+        if len(holder_ids) != 1:
+            raise ValueError(f"take_over needs the records of exactly one holder, got {sorted(holder_ids)}")
+        arbiter = next((r for r in records if modes.is_grant(r.mode)), records[-1])
+        request = LockRequest(
+            holder_id=arbiter.holder_id,
+            owner=owner,
+            targets=tuple((r.node, r.mode) for r in records),
+            ttl=ttl,
+            intent=arbiter.intent,
+        )
+        params = {
+            "holder_id": arbiter.holder_id,
+            "owner": owner.as_dict(),
+            "ttl_ms": request.ttl_ms,
+            "recovery": recovery,
+            "require_expired": require_expired,
+        }
+
+        def operations(batch: Sequence[HolderRecord], expected_owner_key: str | None) -> list[dict[str, Any]]:
+            ops: list[dict[str, Any]] = []
+            for record in batch:
+                ops.append(
+                    {"update": {"_index": self.index, "_id": record.node.id, "retry_on_conflict": RETRY_ON_CONFLICT}}
+                )
+                script_params = {**params, "expected_owner_key": expected_owner_key}
+                ops.append({"script": {"source": scripts.TAKE_OVER, "lang": "painless", "params": script_params}})
+            return ops
+
+        # The arbiter alone first: whoever updates it owns the recovery.
+        (item,) = self._bulk(operations([arbiter], arbiter.owner.get("key")), "take a holder over")
+        if item["update"].get("result") != "updated":
+            return None
+        token = item["update"]["_seq_no"] + 1
+        others = [r for r in records if r is not arbiter]
+        if others:
+            for item in self._bulk(operations(others, None), "take a holder over"):
+                if item["update"].get("result") == "updated":
+                    token = max(token, item["update"]["_seq_no"] + 1)
+        return Grant(request=request, token=token, taken=tuple(r.node for r in records))
 
     # --- checks ---------------------------------------------------------------
 

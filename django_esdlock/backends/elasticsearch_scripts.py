@@ -79,13 +79,14 @@ RELEASE = (
     """
 // Remove the holder params.holder_id (and expired holders without an intent);
 // delete the node when no holder is left, as the chapter's release does.
-// A no-op when the holder is not here: the lock had been lost.
+// A no-op when the holder is not here, or was taken over by a reaper (its
+// owner is no longer params.owner_key, unless that is null: a forced release).
 long now = ctx._now;
 List kept = new ArrayList();
 boolean removed = false;
 for (def h : ctx._source.holders) {
   long expiresAt = h.expires_at;
-  if (h.id == params.holder_id) {
+  if (h.id == params.holder_id && (params.owner_key == null || h.owner.key == params.owner_key)) {
     removed = true;
   } else if (expiresAt > now || h.intent != null) {
     kept.add(h);
@@ -105,20 +106,24 @@ if (!removed) {
 
 RENEW = """
 // Extend the lease of holder params.holder_id from now, record its fencing
-// token and, when given, its checkpoint. A no-op when the holder is gone or
-// its lease already ran out: an expired lease is never revived.
+// token and, when given, its checkpoint and recovery state. A no-op when the
+// holder is gone, taken over by another owner, or its lease already ran out:
+// an expired lease is never revived.
 long now = ctx._now;
 List kept = new ArrayList();
 boolean renewed = false;
 for (def h : ctx._source.holders) {
   long expiresAt = h.expires_at;
-  if (h.id == params.holder_id && expiresAt > now) {
+  if (h.id == params.holder_id && h.owner.key == params.owner_key && expiresAt > now) {
     Map copy = new HashMap();
     copy.putAll(h);
     copy.expires_at = now + params.ttl_ms;
     copy.token = params.token;
     if (params.checkpoint != null) {
       copy.checkpoint = params.checkpoint;
+    }
+    if (params.recovery != null) {
+      copy.recovery = params.recovery;
     }
     kept.add(copy);
     renewed = true;
@@ -156,3 +161,37 @@ if (kept.size() == ctx._source.holders.size()) {
 }
 """
 )
+
+TAKE_OVER = """
+// Hand holder params.holder_id to params.owner with a fresh lease and the
+// recovery state params.recovery; intent and checkpoint stay. With
+// params.expected_owner_key set (the arbiter node, taken first) only an
+// expired holder still owned by that key qualifies, so of two reapers racing
+// exactly one wins; a no-op otherwise.
+long now = ctx._now;
+List kept = new ArrayList();
+boolean taken = false;
+for (def h : ctx._source.holders) {
+  long expiresAt = h.expires_at;
+  boolean qualifies = h.id == params.holder_id;
+  if (qualifies && params.expected_owner_key != null) {
+    qualifies = h.owner.key == params.expected_owner_key && (expiresAt <= now || !params.require_expired);
+  }
+  if (qualifies) {
+    Map copy = new HashMap();
+    copy.putAll(h);
+    copy.owner = params.owner;
+    copy.expires_at = now + params.ttl_ms;
+    copy.recovery = params.recovery;
+    kept.add(copy);
+    taken = true;
+  } else {
+    kept.add(h);
+  }
+}
+if (taken) {
+  ctx._source.holders = kept;
+} else {
+  ctx.op = 'none';
+}
+"""

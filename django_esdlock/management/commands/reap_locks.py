@@ -1,0 +1,96 @@
+"""manage.py reap_locks: remove dead holders and recover their half-done changes."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ...conf import get_backend
+from ...exceptions import LockError
+from ...paths import normalize_namespace
+from ...reaper import Reaper
+
+
+def _grace(value: str) -> float:
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(value)
+    return seconds
+
+
+class Command(BaseCommand):
+    help = (
+        "Remove lock holders whose lease ran out (by the store's clock) and nodes left empty; "
+        "recover expired holders that carry an intent with their registered handler."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--dry-run", action="store_true", help="Report what would be done; change nothing.")
+        parser.add_argument("--json", action="store_true", help="Print a machine-readable report.")
+        parser.add_argument("--namespace", help="Only this lock namespace.")
+        parser.add_argument(
+            "--grace",
+            type=_grace,
+            default=0.0,
+            metavar="SECONDS",
+            help="Only holders expired for longer than this (default 0).",
+        )
+        parser.add_argument(
+            "--local-pids",
+            action="store_true",
+            help="Also free holders owned by processes of this host that are provably gone.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        verbosity = options["verbosity"]
+        namespace = options["namespace"]
+        if namespace is not None:
+            try:
+                namespace = normalize_namespace(namespace)
+            except LockError as e:
+                raise CommandError(str(e)) from e
+
+        def progress(stage: str, count: int) -> None:
+            if verbosity >= 2 and not options["json"]:
+                self.stderr.write(f"{stage}: {count} holders")
+
+        reaper = Reaper(
+            get_backend(),
+            namespace=namespace,
+            grace=options["grace"],
+            dry_run=options["dry_run"],
+            local_pids=options["local_pids"],
+            progress=progress,
+        )
+        try:
+            report = reaper.run()
+        except LockError as e:
+            raise CommandError(f"reaping failed: {e}") from e
+        if options["json"]:
+            self.stdout.write(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+            return
+        if verbosity < 1:
+            return
+        verb = "Would remove" if report.dry_run else "Removed"
+        self.stdout.write(f"{verb} {len(report.evicted)} expired holder(s).")
+        if options["local_pids"]:
+            self.stdout.write(f"{verb} {len(report.dead_local)} holder(s) of dead local processes.")
+        if report.to_recover:
+            self.stdout.write(f"Would recover {len(report.to_recover)} holder(s) with an intent.")
+        if report.recovered:
+            self.stdout.write(self.style.SUCCESS(f"Recovered {len(report.recovered)} holder(s) with an intent."))
+        for failure in report.failed:
+            holder = failure["holder"]
+            self.stdout.write(self.style.ERROR(f"Recovery of {holder['path']} failed: {failure['error']}"))
+        for record in report.unrecoverable:
+            self.stdout.write(
+                self.style.WARNING(
+                    f"No recovery handler for op {record.intent.get('op')!r} of {record.node}; left held."
+                )
+            )
+        if verbosity >= 2:
+            for record in report.evicted + report.dead_local:
+                self.stdout.write(f"  {record.node} {record.mode} holder {record.holder_id} owner {dict(record.owner)}")
