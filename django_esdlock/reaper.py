@@ -120,8 +120,12 @@ class Reaper:
         return report
 
     def _evict_expired(self, report: ReapReport) -> None:
-        report.evicted = self.backend.evict_expired(namespace=self.namespace, grace=self.grace, dry_run=self.dry_run)
-        self.progress("evicted", len(report.evicted))
+        report.evicted = self.backend.evict_expired(
+            namespace=self.namespace,
+            grace=self.grace,
+            dry_run=self.dry_run,
+            progress=lambda count: self.progress("evicted", count),
+        )
         if not self.dry_run:
             for record in report.evicted:
                 logger.info("reaped expired holder %s of %s (%s)", record.holder_id, record.node, record.mode)

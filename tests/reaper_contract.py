@@ -11,11 +11,12 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_esdlock import LockUnavailable, lock_tree
+from django_esdlock.modes import Mode
 from django_esdlock.reaper import Reaper
 from django_esdlock.signals import lock_reaped, lock_unrecoverable
 
 from . import handlers  # noqa: F401  (registers the test recovery handlers)
-from .contract import all_holders
+from .contract import all_holders, raw_grant
 from .peer import SPAWN, Peer, setup_django
 
 
@@ -178,6 +179,22 @@ class ReaperContract:
         report = reap(lock_config, "--namespace", "one")
         assert [(h["namespace"], h["path"]) for h in report["evicted"]] == [("one", "/n")]
         assert [h.node.namespace for h in all_holders(backend)] == ["two"]
+
+    def test_reaping_pages_through_many_nodes(self, backend):
+        for i in range(40):
+            raw_grant(backend, f"/many/n{i:02d}", Mode.X, ttl=0.3)
+        live = lock_tree("/many/live", backend=backend).acquire()
+        time.sleep(0.5)
+        backend.page_size = 7  # force many pages; memory stays one page of nodes
+        counts: list[int] = []
+        report = Reaper(backend, progress=lambda stage, count: counts.append(count)).run()
+        assert len(report.evicted) == 40 and len({r.node for r in report.evicted}) == 40
+        assert len(counts) >= 40 // 7 and counts == sorted(counts) and counts[-1] == 40
+        assert {(h.node.key, h.holder_id) for h in all_holders(backend)} == {
+            ("/many", live.holder_id),
+            ("/many/live", live.holder_id),
+        }
+        live.release()
 
     def test_command_output_and_errors(self, lock_config):
         out = io.StringIO()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 from django.core import checks
@@ -22,6 +22,9 @@ class BaseLockBackend(abc.ABC):
 
     supports_notify: ClassVar[bool] = False
     """Whether :meth:`wait` wakes on a release instead of sleeping a backoff step."""
+
+    page_size: int = 500
+    """How many nodes maintenance work (reaping, searches) reads and writes at a time."""
 
     def __init__(self, *, ttl: float = 30.0) -> None:
         self.ttl = ttl
@@ -80,12 +83,19 @@ class BaseLockBackend(abc.ABC):
 
     @abc.abstractmethod
     def evict_expired(
-        self, *, namespace: str | None = None, grace: float = 0.0, dry_run: bool = False
+        self,
+        *,
+        namespace: str | None = None,
+        grace: float = 0.0,
+        dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> list[HolderRecord]:
         """Remove holders expired for more than ``grace`` seconds by the store's clock.
 
         Holders that carry an intent are left for recovery. Delete nodes left
-        empty. Return what was (or, with ``dry_run``, would be) removed.
+        empty. Work page by page (:attr:`page_size` nodes), calling
+        ``progress`` with the running count after each. Return what was (or,
+        with ``dry_run``, would be) removed.
         """
 
     def holder_records(self, holder_id: str) -> list[HolderRecord]:

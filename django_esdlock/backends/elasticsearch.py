@@ -10,7 +10,7 @@ import json
 import math
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from django.core import checks
@@ -436,6 +436,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         namespace: str | None = None,
         grace: float = 0.0,
         dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> list[HolderRecord]:
         evicted: list[HolderRecord] = []
         for page in self._holder_pages(_expired_query(grace), namespace=namespace):
@@ -444,6 +445,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 evicted.extend(found)
             elif found:
                 evicted.extend(self._evict(found, max(0, round(grace * 1000))))
+            if progress is not None:
+                progress(len(evicted))
         return evicted
 
     def _evict(self, found: list[HolderRecord], grace_ms: int) -> list[HolderRecord]:
@@ -480,7 +483,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         ]
         if namespace is not None:
             filters.append({"term": {"namespace": namespace}})
-        body: dict[str, Any] = {"query": {"bool": {"filter": filters}}, "sort": _SORT, "size": 500}
+        body: dict[str, Any] = {"query": {"bool": {"filter": filters}}, "sort": _SORT, "size": self.page_size}
         while True:
             with self._translate("search holders"):
                 hits = self.client.search(index=self.index, **body)["hits"]["hits"]
