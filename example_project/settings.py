@@ -25,6 +25,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_esdlock",
+    "example_project.fs",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
