@@ -12,6 +12,7 @@ from django_esdlock.backends.elasticsearch import MAPPING, ElasticsearchLockBack
 from django_esdlock.conf import load_backend
 
 from .contract import LockBackendContract
+from .listing_contract import ListingContract
 from .reaper_contract import ReaperContract
 from .stores import es_config
 
@@ -47,6 +48,10 @@ def test_construction_makes_no_request():
 
 
 class TestElasticsearchReaper(ReaperContract):
+    pass
+
+
+class TestElasticsearchListing(ListingContract):
     pass
 
 

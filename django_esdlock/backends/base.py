@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from django.core import checks
 
+from ..modes import Mode
 from ..records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner
 
 
@@ -74,8 +75,19 @@ class BaseLockBackend(abc.ABC):
         path_prefix: str | None = None,
         cursor: str | None = None,
         limit: int = 100,
+        mode: Mode | None = None,
+        host: str | None = None,
+        expired: bool | None = None,
+        parent: str | None = None,
     ) -> HolderPage:
-        """Return one page of holders in a stable order, without loading the rest."""
+        """Return one page of holders in a stable order, without loading the rest.
+
+        A page holds the matching holders of at most ``limit`` nodes, ordered
+        by namespace, kind and key. ``path_prefix`` matches the start of the
+        key; ``parent`` the tree nodes directly below a path ("" for the top
+        level); ``mode``, ``host`` (the owner's) and ``expired`` (by the
+        store's clock) select holders within nodes.
+        """
 
     @abc.abstractmethod
     def node_holders(self, node: Node) -> list[HolderRecord]:

@@ -401,6 +401,10 @@ class ElasticsearchLockBackend(BaseLockBackend):
         path_prefix: str | None = None,
         cursor: str | None = None,
         limit: int = 100,
+        mode: modes.Mode | None = None,
+        host: str | None = None,
+        expired: bool | None = None,
+        parent: str | None = None,
     ) -> HolderPage:
         if not self._index_exists():
             return HolderPage([], None)
@@ -410,16 +414,38 @@ class ElasticsearchLockBackend(BaseLockBackend):
             filters.append({"term": {"namespace": namespace}})
         if path_prefix:
             filters.append({"prefix": {"key": path_prefix}})
-        body: dict[str, Any] = {
-            "query": {"bool": {"filter": filters}},
-            "sort": _SORT,
-            "size": limit,
-        }
+        if parent is not None:
+            filters.append({"term": {"kind": Kind.TREE.value}})
+            if parent:
+                filters.append({"term": {"parent": parent}})
+            else:
+                filters.append({"term": {"depth": 1}})
+        holder_filters: list[dict[str, Any]] = []
+        if mode is not None:
+            holder_filters.append({"term": {"holders.mode": modes.Mode(mode).value}})
+        if host is not None:
+            holder_filters.append({"term": {"holders.owner.host": host}})
+        if expired is not None:
+            holder_filters.append({"range": {"holders.expires_at": {"lte" if expired else "gt": "now"}}})
+        if holder_filters:
+            filters.append(
+                {
+                    "nested": {
+                        "path": "holders",
+                        "query": {"bool": {"filter": holder_filters}},
+                        "inner_hits": {"size": 100, "name": "match"},
+                    }
+                }
+            )
+        body: dict[str, Any] = {"query": {"bool": {"filter": filters}}, "sort": _SORT, "size": limit}
         if cursor:
             body["search_after"] = _decode_cursor(cursor)
         with self._translate("list holders"):
             hits = self.client.search(index=self.index, **body)["hits"]["hits"]
-        records = [record for hit in hits for record in _records(hit["_source"])]
+        records = []
+        for hit in hits:
+            inner = hit.get("inner_hits", {}).get("match")
+            records.extend(_records(hit["_source"], [h["_source"] for h in inner["hits"]["hits"]] if inner else None))
         next_cursor = _encode_cursor(hits[-1]["sort"]) if len(hits) == limit else None
         return HolderPage(records, next_cursor)
 
