@@ -1,8 +1,11 @@
 """Settings of the example project, read from the environment with django-environ.
 
 With nothing set it runs on the embedded default: SQLite for Django's tables
-and for the locks. ``LOCK_URL`` (or ``LOCK_BACKEND``) points the locks at
-Elasticsearch (``elasticsearch://127.0.0.1:9200/locks``) or PostgreSQL.
+and for the locks, and the file system in the Elasticsearch at
+``ELASTICSEARCH_URL`` (``manage.py demo`` starts a local noida-db when unset).
+``LOCK_URL`` (or ``LOCK_BACKEND``) points the locks at Elasticsearch
+(``elasticsearch://127.0.0.1:9200/locks``) or PostgreSQL; ``DATABASE_URL``
+moves Django's tables.
 """
 
 from pathlib import Path
@@ -41,7 +44,6 @@ WSGI_APPLICATION = "example_project.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "example_project" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -65,11 +67,18 @@ LOCK_BACKEND = (
         "TTL": 30,
     }
 )
+# Where the file system lives. Empty: `demo` starts a local noida-db; other
+# commands and the site then use http://127.0.0.1:9200.
 ELASTICSEARCH_URL = env.str("ELASTICSEARCH_URL", default="")
+FS_INDEX = env.str("FS_INDEX", default="fs")
+FS_LOCK_WAIT = env.float("FS_LOCK_WAIT", default=5.0)  # seconds a rename from the page may wait for its locks
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_esdlock": {"handlers": ["console"], "level": env.str("LOCK_LOG_LEVEL", default="INFO")}},
+    "loggers": {
+        "django_esdlock": {"handlers": ["console"], "level": env.str("LOCK_LOG_LEVEL", default="INFO")},
+        "example_project": {"handlers": ["console"], "level": env.str("LOCK_LOG_LEVEL", default="INFO")},
+    },
 }

@@ -1,9 +1,9 @@
-from django.contrib import admin
-from django.urls import path
+"""URLs of the example project: the file system pages and the admin."""
 
-from . import views
+from django.contrib import admin
+from django.urls import include, path
 
 urlpatterns = [
-    path("", views.home, name="home"),
     path("admin/", admin.site.urls),
+    path("", include("example_project.fs.urls")),
 ]

@@ -1,3 +1,5 @@
+"""WSGI entry point of the example project."""
+
 import os
 
 from django.core.wsgi import get_wsgi_application

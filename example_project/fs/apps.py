@@ -1,3 +1,5 @@
+"""The file system app: the chapter's example, its files and directories as Elasticsearch documents."""
+
 from django.apps import AppConfig
 
 

@@ -1,0 +1,120 @@
+"""Starts the local Elasticsearch-compatible server (noida-db) the demo uses when none is configured."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+PID_FILE = "demo-server.pid"
+
+
+class NoidaUnavailable(RuntimeError):
+    """noida-db is not installed or did not start."""
+
+
+def port_is_free(port: int) -> bool:
+    """Return True if a server could listen on ``port`` now (connections in TIME_WAIT do not count)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_up(url: str, process: subprocess.Popen | None = None, timeout: float = 60.0) -> None:
+    """Return once ``url`` answers; raise NoidaUnavailable if ``process`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            if process is not None and process.poll() is not None:
+                raise NoidaUnavailable(f"noida-db exited with {process.returncode} before serving {url}") from None
+            if time.monotonic() > deadline:
+                raise NoidaUnavailable(f"nothing answered at {url} within {timeout:g}s") from None
+            time.sleep(0.1)
+
+
+def _binary() -> str:
+    try:
+        from importlib.resources import files
+
+        binary = files("noida_db").joinpath("noida-db")
+    except ModuleNotFoundError as e:
+        raise NoidaUnavailable(
+            "noida-db is not installed (pip install -e '.[dev]'), and ELASTICSEARCH_URL is not set"
+        ) from e
+    os.chmod(str(binary), 0o755)
+    return str(binary)
+
+
+def _stop_leftover(data_dir: Path) -> None:
+    """Stop a server an earlier demo started on this data dir and could not stop (it was killed)."""
+    pid_file = data_dir / PID_FILE
+    try:
+        pid = int(pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        pid_file.unlink(missing_ok=True)
+        return
+    # Only our own server: the noida-db binary, on this very data dir.
+    if any(part.endswith(b"noida-db") for part in cmdline) and str(data_dir).encode() in cmdline:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        for _ in range(100):
+            if not Path(f"/proc/{pid}").exists():
+                break
+            time.sleep(0.1)
+    pid_file.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def local_elasticsearch(data_dir: Path, *, port: int = 9200) -> Iterator[str]:
+    """Run noida-db's Elasticsearch on ``port`` (a free one if taken, or if 0); yield its URL; stop it after.
+
+    Data persists in ``data_dir``. The server runs in its own session, so a
+    Ctrl-C meant for the dev server does not kill it before we stop it.
+    """
+    binary = _binary()
+    data_dir = data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    _stop_leftover(data_dir)
+    if port == 0 or not port_is_free(port):
+        port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [binary, "start", "--only", "elasticsearch", "--elasticsearch-port", str(port), "--data-dir"]
+    with open(data_dir / "server.log", "ab") as log:
+        process = subprocess.Popen(
+            [*command, str(data_dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        (data_dir / PID_FILE).write_text(f"{process.pid}\n")
+        try:
+            wait_until_up(url, process)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            (data_dir / PID_FILE).unlink(missing_ok=True)

@@ -1,0 +1,314 @@
+"""Renames under ``lock_tree``: one document, or a directory moved in fenced batches."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from django_esdlock import Lock, lock_tree
+from django_esdlock.backends.base import BaseLockBackend
+
+from .documents import ROOT, FsIndex, clean_path, is_within, join, name_of, parent_of
+
+logger = logging.getLogger("example_project.fs")
+
+NAMESPACE = "fs"
+"""The lock namespace of the example's file system."""
+
+# Guarantees, per document and atomically in the store: a write carrying an
+# older fencing token than the document's is refused (a stale holder whose
+# lease ran out cannot undo a newer holder's work), and a document that is no
+# longer at the path the mover read is left alone (re-running a batch is
+# harmless). Both refusals set ctx.op = 'none' and read back as `noop`.
+MOVE_SCRIPT = """
+if (params.token < ctx._source.token) {
+  ctx.op = 'none';
+} else if (ctx._source.path != params.from) {
+  ctx.op = 'none';
+} else {
+  ctx._source.path = params.to;
+  ctx._source.parent = params.parent;
+  ctx._source.name = params.name;
+  ctx._source.token = params.token;
+}
+"""
+
+# Guarantee: a document's token only grows. A recovery claims every document
+# of the rename with it, so that the dead holder's token is refused everywhere,
+# not only where the recovery moved something; a newer token is left alone.
+CLAIM_SCRIPT = """
+if (ctx._source.token < params.token) {
+  ctx._source.token = params.token;
+} else {
+  ctx.op = 'none';
+}
+"""
+
+RETRY_ON_CONFLICT = 3
+"""A real cluster may answer 409 to concurrent updates of one document; retry on the shard."""
+
+
+class RenameError(Exception):
+    """A rename that cannot be done as asked."""
+
+
+class NotFound(RenameError):
+    """The source, or the directory to move into, does not exist."""
+
+
+class AlreadyExists(RenameError):
+    """Something already exists at the destination."""
+
+
+class InvalidRename(RenameError):
+    """The rename makes no sense: the root, a directory into itself, a bad name."""
+
+
+class SourceMoved(RenameError):
+    """The document expected at the source path is not there any more."""
+
+
+class StaleToken(RenameError):
+    """The store refused writes: the documents carry a newer fencing token than this lock's."""
+
+
+class MoveFailed(RenameError):
+    """The store failed a write of the move."""
+
+
+class RenameInterrupted(RenameError):
+    """The move stopped half-way; its locks, abandoned, wait for ``reap_locks`` to finish it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RenameResult:
+    src: str
+    dst: str
+    kind: str
+    moved: int
+    token: int
+    seconds: float
+
+
+Progress = Callable[[int, int], None]
+"""Called with (documents moved so far, documents to move)."""
+
+
+def check_rename(src: str, dst: str) -> None:
+    """Raise InvalidRename or AlreadyExists for a rename that no lock could make right."""
+    if ROOT in (src, dst):
+        raise InvalidRename("the root directory cannot be renamed, nor replaced")
+    if src == dst:
+        raise InvalidRename(f"{src} is already called that")
+    if is_within(dst, src):
+        raise InvalidRename(f"cannot move {src} into itself ({dst})")
+    if is_within(src, dst):
+        raise AlreadyExists(f"{dst} exists: it is a directory above {src}")
+
+
+def lock_order(path: str) -> list[str]:
+    """Sort key for taking several tree locks: by segments, so every process takes them in one order."""
+    return path.split("/")
+
+
+def _update_batch(index: FsIndex, updates: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Run one scripted update per (document id, script, params) in one ``_bulk``; return the item bodies.
+
+    Each item reads back the document's path and token, so that a ``noop``
+    can be told apart: refused as stale, or already done.
+    """
+    operations: list[dict[str, Any]] = []
+    for doc_id, script, params in updates:
+        header = {"_index": index.name, "_id": doc_id, "retry_on_conflict": RETRY_ON_CONFLICT}
+        operations.append({"update": {**header, "_source": ["path", "token"]}})
+        operations.append({"script": {"source": script, "lang": "painless", "params": params}})
+    bodies = [item["update"] for item in index.client.bulk(operations=operations)["items"]]
+    for (doc_id, _, _), body in zip(updates, bodies, strict=True):
+        if body.get("error"):
+            raise MoveFailed(f"updating document {doc_id} failed: {body['error'].get('reason', body['error'])}")
+    return bodies
+
+
+def move_tree(
+    index: FsIndex,
+    src: str,
+    dst: str,
+    *,
+    token: int,
+    lock: Lock | None = None,
+    after: str | None = None,
+    moved_before: int = 0,
+    batch_size: int = 500,
+    progress: Callable[[int], None] | None = None,
+    pause: float = 0.0,
+) -> int:
+    """Move ``src`` and everything below it to the same places under ``dst``; return how many moved.
+
+    Entries go in path order, ``batch_size`` per ``_bulk``, each stamped with
+    ``token`` through :data:`MOVE_SCRIPT`. After each batch the ``lock`` (if
+    given) is checked and its checkpoint set to ``{"moved", "after"}``, the
+    last path done: a recovery resumes after it. Raise StaleToken if the store
+    refused a write as older than the document's, MoveFailed on another error.
+    """
+    moved = 0
+    for batch in index.walk(src, after=after, batch_size=batch_size, fields=["path"]):
+        if lock is not None:
+            lock.check()
+        updates = []
+        for entry in batch:
+            new_path = dst + entry.path[len(src) :]
+            params = {
+                "token": token,
+                "from": entry.path,
+                "to": new_path,
+                "parent": parent_of(new_path),
+                "name": name_of(new_path),
+            }
+            updates.append((entry.id, MOVE_SCRIPT, params))
+        refused = []
+        for body in _update_batch(index, updates):
+            if body.get("result") == "updated":
+                moved += 1
+            elif body.get("result") == "noop":
+                current = body.get("get", {}).get("_source", {})
+                if current.get("token", 0) > token:
+                    refused.append(f"{current.get('path')} (token {current.get('token')})")
+                # else: no longer at the path read, already moved by an earlier run of this batch
+        if refused:
+            raise StaleToken(
+                f"the store refused {len(refused)} write(s) with token {token}: newer writes exist, "
+                f"e.g. {refused[0]}; this lock is stale (lost, or the lock store was reset)"
+            )
+        if lock is not None:
+            lock.checkpoint({"moved": moved_before + moved, "after": batch[-1].path})
+        if progress is not None:
+            progress(moved)
+        if pause:
+            time.sleep(pause)
+    index.refresh()
+    return moved
+
+
+def claim_tree(index: FsIndex, top: str, *, token: int, lock: Lock | None = None, batch_size: int = 500) -> int:
+    """Raise the token of every entry of ``top``'s subtree to ``token`` (:data:`CLAIM_SCRIPT`); return how many rose.
+
+    Only for a subtree the caller's lock covers: a claimed document refuses
+    every write with an older token, its previous holder's included.
+    """
+    claimed = 0
+    for batch in index.walk(top, batch_size=batch_size, fields=["path"]):
+        if lock is not None:
+            lock.check()
+        bodies = _update_batch(index, [(entry.id, CLAIM_SCRIPT, {"token": token}) for entry in batch])
+        claimed += sum(body.get("result") == "updated" for body in bodies)
+    index.refresh()
+    return claimed
+
+
+def rename(
+    index: FsIndex,
+    src: str,
+    dst: str,
+    *,
+    namespace: str = NAMESPACE,
+    backend: BaseLockBackend | None = None,
+    timeout: float | None = None,
+    ttl: float | None = None,
+    batch_size: int = 500,
+    progress: Progress | None = None,
+    pause: float = 0.0,
+    expect_id: str | None = None,
+) -> RenameResult:
+    """Rename the file or directory ``src`` to ``dst`` under tree locks on both; return what was done.
+
+    Both paths are locked exclusively (ancestors in IX), in :func:`lock_order`,
+    each waiting at most ``timeout`` overall (LockUnavailable / LockTimeout).
+    Under the locks the source must exist (and be document ``expect_id``, else
+    SourceMoved), the destination must not, and its parent must be a
+    directory; nothing is written otherwise. Both locks carry the intent
+    ``{"op": "rename", ...}``; once the move starts, checkpoints record its
+    progress. If the move stops half-way (an error, a lost lock: raised as
+    RenameInterrupted; or Ctrl-C) the locks are abandoned, not released: they
+    keep the two subtrees blocked until their leases run out and
+    ``reap_locks`` finishes the rename (``recovery.py``).
+    """
+    src, dst = clean_path(src), clean_path(dst)
+    check_rename(src, dst)
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
+    intent = {"op": "rename", "rename": uuid.uuid4().hex, "index": index.name, "src": src, "dst": dst}
+    with contextlib.ExitStack() as stack:
+        locks: dict[str, Lock] = {}
+        for role, path in sorted((("src", src), ("dst", dst)), key=lambda item: lock_order(item[1])):
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            lock = lock_tree(
+                path,
+                namespace=namespace,
+                timeout=wait,
+                ttl=ttl,
+                intent={**intent, "role": role},
+                backend=backend,
+            )
+            locks[role] = stack.enter_context(lock)
+        index.refresh()
+        entry = index.at(src)
+        if expect_id is not None and (entry is None or entry.id != expect_id):
+            raise SourceMoved(f"document {expect_id} is no longer at {src}")
+        if entry is None:
+            raise NotFound(f"{src} does not exist")
+        if index.at(dst) is not None:
+            raise AlreadyExists(f"{dst} already exists")
+        target = index.at(parent_of(dst))
+        if target is None or not target.is_dir:
+            raise NotFound(f"there is no directory {parent_of(dst)} to move {name_of(src)} into")
+        total = index.count(src) if entry.is_dir else 1
+        token = max(lock.token or 0 for lock in locks.values())
+        try:
+            # The first checkpoint says "validated, moving": recovery rolls forward only after it.
+            locks["src"].checkpoint({"moved": 0, "after": None})
+            if progress is not None:
+                progress(0, total)
+            moved = move_tree(
+                index,
+                src,
+                dst,
+                token=token,
+                lock=locks["src"],
+                batch_size=batch_size,
+                progress=None if progress is None else (lambda done: progress(done, total)),
+                pause=pause,
+            )
+            for lock in locks.values():
+                lock.check()
+        except BaseException as e:
+            for lock in locks.values():
+                lock.abandon()
+            logger.warning("rename %s -> %s stopped half-way; reap_locks will finish it", src, dst)
+            if isinstance(e, Exception):
+                raise RenameInterrupted(f"the rename of {src} to {dst} stopped half-way: {e}") from e
+            raise
+    return RenameResult(src, dst, entry.kind, moved, token, time.monotonic() - started)
+
+
+def rename_document(index: FsIndex, doc_id: str, new_name: str, *, attempts: int = 20, **options: Any) -> RenameResult:
+    """Give document ``doc_id`` the name ``new_name`` in whatever directory it is in when locked.
+
+    Read its path, lock it, and check it is still there: a concurrent
+    directory rename may have moved it meanwhile, and then we follow it.
+    """
+    if not new_name or "/" in new_name or new_name in (".", ".."):
+        raise InvalidRename(f"not a file name: {new_name!r}")
+    for _ in range(attempts):
+        entry = index.get(doc_id)
+        if entry is None:
+            raise NotFound(f"document {doc_id} does not exist")
+        try:
+            return rename(index, entry.path, join(parent_of(entry.path), new_name), expect_id=doc_id, **options)
+        except SourceMoved:
+            continue
+    raise RenameError(f"document {doc_id} kept moving; gave up after {attempts} attempts")

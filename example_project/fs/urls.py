@@ -1,0 +1,13 @@
+"""URLs of the file system pages."""
+
+from django.urls import path
+
+from . import views
+
+app_name = "fs"
+urlpatterns = [
+    path("", views.browse, name="root"),
+    path("browse/<path:path>", views.browse, name="browse"),
+    path("search/", views.search, name="search"),
+    path("rename/", views.rename_view, name="rename"),
+]
