@@ -1,0 +1,57 @@
+"""The tables of the database lock backend: one row per locked node, one per holder of it."""
+
+from __future__ import annotations
+
+from django.db import models
+
+# The admin's unmanaged model lives in a module of its own; importing it here
+# registers it whether or not the admin is installed, so migrations agree.
+from .held_lock import HeldLock
+
+__all__ = ["HeldLock", "LockHolder", "LockNode"]
+
+
+class LockNode(models.Model):
+    """A node that has (or is being given) holders; deleted when its last holder leaves.
+
+    Acquisitions lock these rows, in the order of their ids, before they read
+    or write the node's holders: this row lock is what serializes requests.
+    """
+
+    id = models.CharField(primary_key=True, max_length=512, help_text="Node.id: kind, namespace and key, or a digest")
+    namespace = models.CharField(max_length=100)
+    kind = models.CharField(max_length=8)
+    key = models.TextField()
+    parent = models.TextField(blank=True, default="")
+    depth = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        db_table = "esdlock_node"
+        verbose_name = "lock node"
+
+    def __str__(self) -> str:
+        return f"{self.namespace}:{self.key}"
+
+
+class LockHolder(models.Model):
+    """One holder of one node: a mode, an owner, a lease and a fencing token."""
+
+    node = models.ForeignKey(LockNode, on_delete=models.CASCADE, related_name="holders", db_index=False)
+    holder_id = models.CharField(max_length=64, db_index=True)
+    mode = models.CharField(max_length=2)
+    owner = models.JSONField()
+    owner_key = models.CharField(max_length=200)
+    token = models.BigIntegerField()
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+    intent = models.JSONField(null=True, blank=True)
+    checkpoint = models.JSONField(null=True, blank=True)
+    recovery = models.JSONField(null=True, blank=True, help_text="Set once a reaper took the holder over")
+
+    class Meta:
+        db_table = "esdlock_holder"
+        verbose_name = "lock holder"
+        constraints = [models.UniqueConstraint(fields=["node", "holder_id"], name="esdlock_holder_node_holder_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.holder_id} {self.mode} on {self.node_id}"

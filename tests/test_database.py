@@ -1,0 +1,645 @@
+"""The contract suite and the database backend's own guarantees, on real PostgreSQL and SQLite."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import sqlite3
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.db import connections, transaction
+from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
+from django.urls import path
+
+from django_esdlock import LockBackendUnavailable, lock_documents, lock_tree
+from django_esdlock.backends.database import DatabaseLockBackend
+from django_esdlock.conf import get_backend, load_backend
+from django_esdlock.modes import Mode
+from django_esdlock.records import Kind, LockRequest, Node, Owner
+
+from .contract import LockBackendContract, all_holders
+from .dbstores import (
+    TcpProxy,
+    alias_config,
+    clear_store,
+    db_config,
+    overlap_worker,
+    postgres_database,
+    postgres_store,
+    race_worker,
+    sqlite_path,
+    sqlite_store,
+    table_counts,
+    url_of,
+    with_port,
+)
+from .listing_contract import ListingContract
+from .peer import SPAWN, Peer
+from .reaper_contract import ReaperContract
+
+# --- stores ---------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _db_access(django_db_blocker):
+    """The lock backend opens connections of its own; pytest-django blocks them unless told."""
+    with django_db_blocker.unblock():
+        yield
+
+
+@pytest.fixture(scope="module")
+def pg_store(django_db_blocker):
+    with django_db_blocker.unblock(), postgres_store() as config:
+        yield config
+
+
+@pytest.fixture(scope="module")
+def sqlite_store_config(django_db_blocker):
+    with django_db_blocker.unblock(), sqlite_store() as config:
+        yield config
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def store(request):
+    """Each vendor's store, emptied."""
+    config = request.getfixturevalue("pg_store" if request.param == "postgres" else "sqlite_store_config")
+    clear_store(config)
+    return config
+
+
+@pytest.fixture
+def pg_config(pg_store):
+    clear_store(pg_store)
+    return pg_store
+
+
+@pytest.fixture
+def backend_of():
+    """Build backends from configs and close them after the test."""
+    built = []
+
+    def build(config):
+        built.append(load_backend(config))
+        return built[-1]
+
+    yield build
+    for backend in built:
+        backend.close()
+
+
+class TestPostgresContract(LockBackendContract):
+    @pytest.fixture
+    def lock_config(self, pg_store):
+        clear_store(pg_store)
+        return pg_store
+
+
+class TestSQLiteContract(LockBackendContract):
+    @pytest.fixture
+    def lock_config(self, sqlite_store_config):
+        clear_store(sqlite_store_config)
+        return sqlite_store_config
+
+
+class TestPostgresReaper(ReaperContract):
+    lock_config = TestPostgresContract.lock_config
+
+
+class TestSQLiteReaper(ReaperContract):
+    lock_config = TestSQLiteContract.lock_config
+
+
+class TestPostgresListing(ListingContract):
+    lock_config = TestPostgresContract.lock_config
+
+
+class TestSQLiteListing(ListingContract):
+    lock_config = TestSQLiteContract.lock_config
+
+
+def _request(*paths: str, mode: Mode = Mode.X, ttl: float = 30.0, intent=None, namespace: str = "default"):
+    targets = tuple((Node(namespace, Kind.TREE, p), mode) for p in paths)
+    return LockRequest(uuid.uuid4().hex, Owner.current(), targets, ttl=ttl, intent=intent)
+
+
+def _tree(depth: int) -> str:
+    return "/" + "/".join(f"d{i}" for i in range(depth))
+
+
+def _sql(config: dict, statement: str, params=()) -> None:
+    """Run one statement on the store, outside the backend (an operator's or a clock's doing)."""
+    if url_of(config).startswith("sqlite"):
+        with sqlite3.connect(sqlite_path(config), timeout=30) as connection:
+            connection.execute(statement.replace("%s", "?"), params)
+        connection.close()
+    else:
+        with psycopg.connect(url_of(config), autocommit=True) as connection:
+            connection.execute(statement, params)
+
+
+# --- configuration --------------------------------------------------------------
+
+
+def test_construction_opens_no_connection(pg_config, tmp_path):
+    url = url_of(pg_config)
+    proxy = TcpProxy("127.0.0.1", int(psycopg.conninfo.conninfo_to_dict(url).get("port") or 5432))
+    try:
+        backend = load_backend(db_config(with_port(url, "127.0.0.1", proxy.port)))
+        assert backend.describe() and backend.check() == []
+        assert proxy.connections == 0  # nothing on the wire until the first use
+        backend.holders()
+        assert proxy.connections == 1
+        backend.close()
+    finally:
+        proxy.stop()
+    path = tmp_path / "locks.sqlite3"
+    for options in ({"url": f"sqlite:///{path}?ttl=3"}, {"using": "postgres"}, {"using": "default"}):
+        backend = DatabaseLockBackend(**options)
+        assert backend.describe() and len(backend._wrappers) == 0 and backend._listener is None
+    assert not path.exists()
+    assert DatabaseLockBackend(url="postgres://u:secret@h/d").describe() == "PostgreSQL database 'd' on h"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"url": "postgres://h/d", "index": "x"}, "unknown OPTIONS index"),
+        ({}, "exactly one"),
+        ({"url": "postgres://h/d", "using": "default"}, "exactly one"),
+        ({"using": "nowhere"}, "names no database"),
+        ({"url": "oracle://u@h/d"}, "cannot load database engine|supports PostgreSQL and SQLite"),
+        ({"url": "sqlite://:memory:"}, "in-memory"),
+    ],
+)
+def test_bad_options_are_improperly_configured(options, message):
+    with pytest.raises(ImproperlyConfigured, match=message):
+        DatabaseLockBackend(**options)
+
+
+def test_lock_backend_setting_accepts_database_urls(pg_config, sqlite_store_config):
+    for config in (pg_config, sqlite_store_config):
+        clear_store(config)
+        with override_settings(LOCK_BACKEND=url_of(config) + "?ttl=7"):
+            backend = get_backend()
+            assert isinstance(backend, DatabaseLockBackend) and backend.ttl == 7.0
+            assert backend.url.startswith(url_of(config))
+            with lock_tree("/from/url", timeout=0) as lock:
+                assert lock.token > 0
+                assert table_counts(config) == (2, 2)
+        assert table_counts(config) == (0, 0)
+
+
+def test_migrations_are_complete():
+    call_command("makemigrations", "django_esdlock", "--check", "--dry-run", stdout=io.StringIO())
+
+
+def test_tables_are_made_on_first_use(backend_of, tmp_path):
+    with postgres_database() as url:
+        for config in (db_config(url), db_config(f"sqlite:///{tmp_path}/fresh.sqlite3")):
+            backend = backend_of(config)
+            with lock_tree("/first/use", backend=backend) as lock:
+                assert lock.token == 1
+            backend.close()
+
+
+def test_check_connects_only_for_database_checks(backend_of):
+    backend = backend_of(db_config("postgres://postgres@127.0.0.1:9/none"))
+    assert backend.check() == []
+    assert len(backend._wrappers) == 0
+    [error] = backend.check(databases=["default"])
+    assert error.id == "django_esdlock.E002"
+    aliased = backend_of({"BACKEND": db_config("")["BACKEND"], "OPTIONS": {"using": "postgres"}})
+    assert aliased.check(databases=["default"]) == [] and len(aliased._wrappers) == 0  # not its database
+    assert aliased.check(databases=["default", "postgres"]) == [] and len(aliased._wrappers) == 1
+
+
+# --- transactions -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("depth", [1, 4, 16])
+def test_round_trips_do_not_grow_with_depth(store, backend_of, depth):
+    backend = backend_of(store)
+    backend.holders()  # a connection is set up once; that is not the acquire's cost
+    counts = {}
+    for size in (1, depth):
+        lock = lock_tree(_tree(size), backend=backend)
+        with CaptureQueriesContext(backend.connection) as acquired:
+            lock.acquire()
+        with CaptureQueriesContext(backend.connection) as renewed:
+            assert backend.renew(lock.grant)
+        with CaptureQueriesContext(backend.connection) as released:
+            lock.release()
+        counts[size] = (len(acquired), len(renewed), len(released))
+    assert counts[depth] == counts[1]
+    begin = "BEGIN IMMEDIATE" if backend.vendor == "sqlite" else "BEGIN"
+    statements = [q["sql"] for q in acquired.captured_queries]
+    assert statements[0] == begin and statements.count(begin) == 1  # one transaction
+
+
+@pytest.mark.parametrize("alias", ["postgres", "default"])
+def test_acquire_inside_atomic_commits_on_its_own(alias, backend_of):
+    from django_esdlock.models import LockNode
+
+    config = alias_config(alias)
+    backend = backend_of({"BACKEND": config["BACKEND"], "OPTIONS": {"using": alias}})
+    backend.setup()
+    clear_store(config)
+    peer = Peer(config)
+    try:
+        # On SQLite a transaction that has written holds the file's only write
+        # lock until it ends, and every lock write (here or in the peer) waits
+        # for it: there the caller writes after the locking (a documented limit).
+        postgres = backend.vendor == "postgresql"
+        with pytest.raises(RuntimeError, match="roll back"), transaction.atomic(using=alias):
+            if postgres:
+                LockNode.objects.using(alias).create(id="caller:before", namespace="caller", kind="doc", key="b")
+            lock = lock_tree("/in/atomic", backend=backend).acquire()
+            assert connections[alias].in_atomic_block
+            assert peer.acquire("x", scheme="tree", path="/in/atomic", timeout=0) == "LockUnavailable"
+            LockNode.objects.using(alias).create(id="caller:after", namespace="caller", kind="doc", key="a")
+            raise RuntimeError("roll back the caller's work")
+        assert not LockNode.objects.using(alias).filter(namespace="caller").exists()  # rolled back
+        assert peer.acquire("x", scheme="tree", path="/in/atomic", timeout=0) == "LockUnavailable"  # still held
+        lock.release()
+        assert isinstance(peer.acquire("x", scheme="tree", path="/in/atomic", timeout=0), dict)
+    finally:
+        peer.close()
+        clear_store(config)
+
+
+_view_state: dict = {}
+
+
+def _lock_in_request(request):
+    state = _view_state
+    state["lock"] = lock_tree("/in/request", backend=state["backend"]).acquire()
+    state["atomic"] = connections[state["alias"]].in_atomic_block
+    state["peer_saw"] = state["peer"].acquire("x", scheme="tree", path="/in/request", timeout=0)
+    from django_esdlock.models import LockNode
+
+    LockNode.objects.using(state["alias"]).create(id="request:row", namespace="request", kind="doc", key="r")
+    raise RuntimeError("the view fails: roll back the request")
+
+
+urlpatterns = [path("lock-in-request/", _lock_in_request)]
+
+
+@pytest.mark.parametrize("alias", ["postgres", "default"])
+def test_acquire_under_atomic_requests_commits_on_its_own(alias, backend_of, monkeypatch):
+    from django_esdlock.models import LockNode
+
+    config = alias_config(alias)
+    backend = backend_of({"BACKEND": config["BACKEND"], "OPTIONS": {"using": alias}})
+    backend.setup()
+    clear_store(config)
+    monkeypatch.setitem(connections.settings[alias], "ATOMIC_REQUESTS", True)
+    peer = Peer(config)
+    _view_state.update(backend=backend, alias=alias, peer=peer)
+    try:
+        with override_settings(ROOT_URLCONF=__name__), pytest.raises(RuntimeError, match="roll back the request"):
+            Client().get("/lock-in-request/")
+        assert _view_state["atomic"] is True
+        assert _view_state["peer_saw"] == "LockUnavailable"
+        assert not LockNode.objects.using(alias).filter(namespace="request").exists()
+        assert peer.acquire("x", scheme="tree", path="/in/request", timeout=0) == "LockUnavailable"
+        _view_state["lock"].release()
+        assert isinstance(peer.acquire("x", scheme="tree", path="/in/request", timeout=0), dict)
+    finally:
+        _view_state.clear()
+        peer.close()
+        clear_store(config)
+
+
+# --- semantics the contract leaves to the store ---------------------------------------------
+
+
+def test_expiry_is_judged_by_the_database_clock(store, backend_of):
+    backend = backend_of(store)
+    grant = backend.acquire(_request("/clock", ttl=3600))
+    # The client thinks the lease has an hour to run; the database says it ended.
+    _sql(store, "UPDATE esdlock_holder SET expires_at = %s", ["2000-01-01 00:00:00.000"])
+    assert backend.renew(grant) is False
+    other = backend.acquire(_request("/clock", ttl=1))
+    assert other is not None and other.token > grant.token
+    # And the other way round: a lease the database extends blocks, whatever its TTL.
+    _sql(store, "UPDATE esdlock_holder SET expires_at = %s", ["2999-01-01 00:00:00.000"])
+    time.sleep(1.2)
+    assert backend.acquire(_request("/clock")) is None
+    [holder] = backend.node_holders(Node("default", Kind.TREE, "/clock"))
+    assert holder.expires_at.year == 2999
+
+
+def test_expired_holder_with_intent_keeps_conflicting_until_recovered(store, backend_of):
+    backend = backend_of(store)
+    intent = {"op": "rename", "to": "/bill"}
+    crashed = backend.acquire(_request("/clinton", ttl=0.3, intent=intent))
+    plain = backend.acquire(_request("/other", ttl=0.3))
+    time.sleep(0.5)
+    assert backend.acquire(_request("/clinton")) is None
+    assert {h.holder_id for h in backend.evict_expired()} == {plain.request.holder_id}
+    [kept] = backend.node_holders(Node("default", Kind.TREE, "/clinton"))
+    assert kept.intent == intent and kept.expired and kept.holder_id == crashed.request.holder_id
+    assert backend.release(crashed) is True
+    assert table_counts(store) == (0, 0)
+
+
+def test_retried_request_replaces_its_holder(store, backend_of):
+    backend = backend_of(store)
+    request = _request("/a", "/a/b", mode=Mode.S)
+    first = backend.acquire(request)
+    second = backend.acquire(request)  # the response was lost; the client sends it again
+    assert second.token > first.token
+    holders = all_holders(backend)
+    assert sorted(h.node.key for h in holders) == ["/a", "/a/b"]
+    assert {h.token for h in holders} == {second.token}
+    assert backend.release(second) is True and all_holders(backend) == []
+
+
+def test_only_the_owner_releases_or_renews_and_a_takeover_changes_the_owner(store, backend_of):
+    backend = backend_of(store)
+    grant = backend.acquire(_request("/job", "/job/step", ttl=30, intent={"op": "x"}))
+    someone_else = dataclasses.replace(grant.request.owner, process="other")
+    impostor = dataclasses.replace(grant, request=dataclasses.replace(grant.request, owner=someone_else))
+    assert backend.renew(impostor) is False and backend.release(impostor) is False
+    records = backend.holder_records(grant.request.holder_id)
+    assert sorted(r.node.key for r in records) == ["/job", "/job/step"]
+    reaper = dataclasses.replace(Owner.current(), process="reaper")
+    assert backend.take_over(records, reaper, ttl=30, recovery={"state": "running"}) is None  # not expired
+    taken = backend.take_over(records, reaper, ttl=30, recovery={"state": "running"}, require_expired=False)
+    assert taken.token > grant.token and sorted(n.key for n in taken.taken) == ["/job", "/job/step"]
+    again = backend.take_over(records, reaper, ttl=30, recovery={"state": "running"}, require_expired=False)
+    assert again is None  # the records name the old owner: another reaper won
+    assert backend.renew(grant) is False and backend.release(grant) is False  # no longer the old owner's
+    assert backend.renew(taken, recovery={"state": "failed", "attempts": 1}) is True
+    assert {r.recovery["state"] for r in backend.holder_records(grant.request.holder_id)} == {"failed"}
+    assert {r.owner["key"] for r in backend.holder_records(grant.request.holder_id)} == {reaper.key}
+    assert backend.force_release(grant.request.holder_id, taken.taken) is True
+    assert table_counts(store) == (0, 0)
+
+
+def test_reentered_document_locks_write_nothing(store, backend_of):
+    backend = backend_of(store)
+    with lock_documents(["1", "2"], backend=backend) as outer:
+        with lock_documents(["1", "2"], timeout=0, backend=backend) as inner:
+            assert inner.grant.taken == () and inner.token > outer.token
+        assert {h.holder_id for h in all_holders(backend)} == {outer.holder_id}
+
+
+def test_holders_pages_and_filters(store, backend_of):
+    backend = backend_of(store)
+    for i in range(7):
+        backend.acquire(_request(f"/p/{i}", mode=Mode.S))
+        backend.acquire(_request(f"/p/{i}", mode=Mode.S, namespace="other"))
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = backend.holders(cursor=cursor, limit=4)
+        seen += [(h.node, h.holder_id) for h in page.holders]
+        pages += 1
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert len(seen) == len(set(seen)) == 7 * 2 and pages == 4
+    in_other = backend.holders(namespace="other", limit=100).holders
+    assert len(in_other) == 7 and {h.node.namespace for h in in_other} == {"other"}
+    below = backend.holders(namespace="default", path_prefix="/p/", limit=100).holders
+    assert sorted(h.node.key for h in below) == [f"/p/{i}" for i in range(7)]
+    with pytest.raises(ValueError, match="cursor"):
+        backend.holders(cursor="not-a-cursor")
+
+
+def test_evict_expired_pages_through_the_table(store, backend_of):
+    backend = backend_of(store)
+    backend.page_size = 3
+    for i in range(8):
+        backend.acquire(_request(f"/e/{i}", ttl=0.2, namespace="ns"))
+    backend.acquire(_request("/e/x", ttl=0.2, namespace="kept"))
+    backend.acquire(_request("/e/intent", ttl=0.2, namespace="ns", intent={"op": "x"}))
+    live = backend.acquire(_request("/e/live", namespace="ns"))
+    time.sleep(0.4)
+    assert backend.evict_expired(namespace="ns", grace=60) == []
+    would = backend.evict_expired(namespace="ns", dry_run=True)
+    assert sorted(h.node.key for h in would) == [f"/e/{i}" for i in range(8)]
+    assert len(all_holders(backend)) == 8 + 3
+    counts = []
+    evicted = backend.evict_expired(namespace="ns", progress=counts.append)
+    assert counts == [3, 6, 8]  # one page of nodes at a time
+    assert sorted((h.node.key, h.holder_id) for h in evicted) == sorted((h.node.key, h.holder_id) for h in would)
+    left = {(h.node.namespace, h.node.key) for h in all_holders(backend)}
+    assert left == {("kept", "/e/x"), ("ns", "/e/intent"), ("ns", "/e/live")}
+    assert backend.release(live) is True
+
+
+# --- many processes -----------------------------------------------------------------------
+
+
+def test_racing_creators_of_missing_rows_never_both_win(store):
+    rounds, workers = 150, 3
+    barrier, results = SPAWN.Barrier(workers), SPAWN.Queue()
+    processes = [SPAWN.Process(target=race_worker, args=(store, rounds, barrier, results)) for _ in range(workers)]
+    for process in processes:
+        process.start()
+    reports = [results.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(timeout=30)
+    assert [status for status, _ in reports] == ["ok"] * workers, reports
+    for round_ in range(rounds):
+        winners = [won[round_] for _, won in reports if won[round_] is not None]
+        assert len(winners) == 1, f"round {round_}: {winners}"
+    assert table_counts(store) == (0, 0)
+
+
+def test_opposite_orders_never_deadlock(store):
+    keys = [f"k{i:02d}" for i in range(18)]
+    orders = [keys[:12], list(reversed(keys[6:])), keys[::2] + list(reversed(keys[1::2]))]
+    rounds = 250
+    start, results = SPAWN.Event(), SPAWN.Queue()
+    processes = [SPAWN.Process(target=overlap_worker, args=(store, order, rounds, start, results)) for order in orders]
+    for process in processes:
+        process.start()
+    start.set()
+    reports = [results.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(timeout=30)
+    assert [errors for _, errors in reports] == [[]] * len(orders)
+    assert [done for done, _ in reports] == [rounds] * len(orders)
+    assert table_counts(store) == (0, 0)
+
+
+# --- failures -----------------------------------------------------------------------------------
+
+
+def _hold_row_lock(url: str, node_id: str) -> psycopg.Connection:
+    """Open a transaction that has inserted (so locks) the node row ``node_id``, and keep it open."""
+    blocker = psycopg.connect(url)
+    blocker.execute(
+        "INSERT INTO esdlock_node (id, namespace, kind, key, parent, depth) VALUES (%s, 'default', 'tree', '', '', 0)",
+        [node_id],
+    )
+    return blocker
+
+
+def _waiting_backend_pid(url: str, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as watcher:
+        while time.monotonic() < deadline:
+            row = watcher.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            ).fetchone()
+            if row:
+                return row[0]
+            time.sleep(0.02)
+    raise AssertionError("no acquire came to wait on the row lock")
+
+
+def _acquire_in_thread(backend, request) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["grant"] = backend.acquire(request)
+        except Exception as e:  # noqa: BLE001 - inspected by the test
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def test_session_killed_mid_acquire_leaves_nothing_held(pg_config, backend_of):
+    url = url_of(pg_config)
+    backend = backend_of(pg_config)
+    blocker = _hold_row_lock(url, "tree:default:/killed/a/b")
+    try:
+        thread, outcome = _acquire_in_thread(backend, _request("/killed", "/killed/a", "/killed/a/b"))
+        pid = _waiting_backend_pid(url)
+        with psycopg.connect(url, autocommit=True) as admin:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
+        thread.join(timeout=10)
+        assert isinstance(outcome.get("error"), LockBackendUnavailable), outcome
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert table_counts(pg_config) == (0, 0)  # /killed and /killed/a were created, then rolled back
+    grant = backend.acquire(_request("/killed", "/killed/a", "/killed/a/b"))  # a new connection
+    assert grant is not None and backend.release(grant)
+
+
+def test_database_gone_mid_acquire_then_back(pg_config, backend_of):
+    url = url_of(pg_config)
+    proxy = TcpProxy("127.0.0.1", int(psycopg.conninfo.conninfo_to_dict(url).get("port") or 5432))
+    backend = backend_of(db_config(with_port(url, "127.0.0.1", proxy.port)))
+    try:
+        assert backend.acquire(_request("/warm")) is not None  # connected through the proxy
+        blocker = _hold_row_lock(url, "tree:default:/cut/a/b")
+        try:
+            thread, outcome = _acquire_in_thread(backend, _request("/cut", "/cut/a", "/cut/a/b"))
+            _waiting_backend_pid(url)
+            proxy.stop()
+            thread.join(timeout=10)
+            assert isinstance(outcome.get("error"), LockBackendUnavailable), outcome
+            with pytest.raises(LockBackendUnavailable):
+                backend.acquire(_request("/while/down"))
+        finally:
+            blocker.rollback()
+            blocker.close()
+        # The orphaned session finishes its statement, finds its client gone and rolls back.
+        deadline = time.monotonic() + 10
+        with psycopg.connect(url, autocommit=True) as watcher:
+            others = (
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            while watcher.execute(others).fetchone()[0] and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert {h.node.key for h in load_backend(pg_config).holders().holders} == {"/warm"}
+        proxy.start()
+        grant = backend.acquire(_request("/cut", "/cut/a", "/cut/a/b"))
+        assert grant is not None and backend.release(grant)
+    finally:
+        proxy.stop()
+
+
+def test_unreachable_store_raises_backend_unavailable(backend_of, tmp_path):
+    for config in (
+        db_config("postgres://postgres@127.0.0.1:9/none"),
+        db_config(f"sqlite:///{tmp_path}/missing-dir/locks.sqlite3"),
+    ):
+        backend = backend_of(config)
+        with pytest.raises(LockBackendUnavailable):
+            backend.acquire(_request("/x"))
+        with pytest.raises(LockBackendUnavailable):
+            lock_tree("/x", timeout=0, backend=backend).acquire()
+
+
+# --- connections and waiting ------------------------------------------------------------------
+
+
+def test_each_thread_has_its_own_connection_closed_with_the_thread(store, backend_of):
+    backend = backend_of(store)
+    backend.holders()
+    mine = backend.connection
+    theirs = []
+    thread = threading.Thread(target=lambda: theirs.append((backend.connection, backend.holders())))
+    thread.start()
+    thread.join()
+    their_connection = theirs[0][0]
+    assert their_connection is not mine and their_connection.connection is None  # closed as its thread ended
+    assert mine.connection is not None
+    backend.close()
+    assert mine.connection is None
+    assert backend.holders().holders == []  # reopens
+    assert backend.connection is not mine
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_forked_child_opens_its_own_connection(pg_config, backend_of):
+    backend = backend_of(pg_config)
+    grant = backend.acquire(_request("/parent"))
+    parent_pid = backend.connection.connection.info.backend_pid
+    pid = os.fork()
+    if pid == 0:  # the child: must not touch the parent's session
+        try:
+            child = backend.acquire(_request("/child"))
+            ok = child is not None and backend.connection.connection.info.backend_pid != parent_pid
+            os._exit(0 if ok and backend.release(child) else 1)
+        except BaseException:  # noqa: BLE001 - anything: fail the child
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert backend.connection.connection.info.backend_pid == parent_pid
+    assert backend.release(grant) is True
+
+
+def test_release_wakes_a_waiter_through_notify(pg_config, backend_of):
+    backend = backend_of(pg_config)
+    assert backend.supports_notify
+    peer = Peer(pg_config)
+    try:
+        peer.acquire("held", scheme="tree", path="/wake/me")
+        peer.acquire("elsewhere", scheme="tree", path="/unrelated")
+        nodes = [Node("default", Kind.TREE, "/wake/me")]
+        backend.wait_for_release(nodes, 1)  # starts the listener
+        assert backend.acquire(_request("/wake/me")) is None
+        peer.release("elsewhere")
+        assert backend.wait_for_release(nodes, 0.5) is False  # not one of ours: no wake-up
+        backend.acquire(_request("/wake/me"))
+        threading.Timer(0.2, peer.release, args=("held",)).start()
+        assert backend.wait_for_release(nodes, 30) is True
+        assert backend.acquire(_request("/wake/me")) is not None
+    finally:
+        peer.close()
+
+
+def test_sqlite_waits_by_backoff(sqlite_store_config, backend_of):
+    backend = backend_of(sqlite_store_config)
+    assert not backend.supports_notify
+    started = time.monotonic()
+    assert backend.wait_for_release([Node("default", Kind.TREE, "/x")], 0.2) is False
+    assert time.monotonic() - started >= 0.2
