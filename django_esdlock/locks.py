@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -24,6 +25,12 @@ from .records import Grant, Kind, LockRequest, Node, Owner
 logger = logging.getLogger("django_esdlock")
 
 Targets = tuple[tuple[Node, Mode], ...]
+
+QUEUE_AFTER_ATTEMPTS = 3
+"""Refusals after which a request takes a ticket and queues (short contention stays unqueued)."""
+
+QUEUED_POLL_CAP = 0.1
+"""Longest sleep between attempts of a queued request: the lock idles while its head sleeps."""
 
 
 def _validate_timeout(timeout: Any) -> float | None:
@@ -156,18 +163,30 @@ class Lock(contextlib.ContextDecorator):
         nodes = [node for node, _ in self.targets]
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         attempt = 0
-        while True:
-            started = time.monotonic()
-            grant = backend.acquire(request)
-            if grant is not None:
-                break
-            if self.timeout == 0:
-                raise LockUnavailable(f"{self._describe()} is held in a conflicting mode")
-            remaining = math.inf if deadline is None else deadline - time.monotonic()
-            if remaining <= 0:
-                raise LockTimeout(f"{self._describe()} stayed unavailable for {self.timeout:g}s")
-            backend.wait(nodes, remaining, attempt)
-            attempt += 1
+        try:
+            while True:
+                started = time.monotonic()
+                grant = backend.acquire(request)
+                if grant is not None:
+                    break
+                if self.timeout == 0:
+                    raise LockUnavailable(f"{self._describe()} is held in a conflicting mode")
+                remaining = math.inf if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    raise LockTimeout(f"{self._describe()} stayed unavailable for {self.timeout:g}s")
+                if request.ticket is None and attempt + 1 >= QUEUE_AFTER_ATTEMPTS:
+                    # It has waited: from now on newcomers queue behind it (fair waiting).
+                    request = dataclasses.replace(request, ticket=time.time_ns())
+                if request.ticket is not None:
+                    # A queued request polls often: everyone behind it waits for its turn.
+                    remaining = min(remaining, QUEUED_POLL_CAP)
+                backend.wait(nodes, remaining, attempt)
+                attempt += 1
+        except BaseException:
+            if request.ticket is not None:
+                with contextlib.suppress(Exception):  # the markers expire by themselves anyway
+                    backend.withdraw(request)
+            raise
         self._grant = grant
         self._lost_reason = None
         # The store started the lease after we sent the request: counting from
@@ -330,9 +349,12 @@ class _Renewer:
         self._due = {}
         self._thread = None
 
+    FIRST_RENEWAL = 1.0
+    """Seconds to the first renewal at most: it also records the fencing token with the holder."""
+
     def add(self, lock: Lock, ttl: float) -> None:
         with self._cond:
-            self._due[lock] = time.monotonic() + ttl / 3
+            self._due[lock] = time.monotonic() + min(ttl / 3, self.FIRST_RENEWAL)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="django-esdlock-renewer", daemon=True)
                 self._thread.start()

@@ -118,6 +118,14 @@ class LockRequest:
     intent: Mapping[str, Any] | None = None
     reentrant: bool = False
     """Document locks: a node this owner already holds in the same mode counts as taken."""
+    ticket: int | None = None
+    """Queue position of a request that has waited (None before its first refusal).
+
+    A refused request with a ticket leaves a waiting marker on the nodes that
+    refused it; markers with a smaller ticket refuse it, newcomers queue
+    behind it. Tickets only order waiters, so clock skew between hosts costs
+    fairness at worst, never safety.
+    """
 
     @property
     def ttl_ms(self) -> int:

@@ -27,6 +27,9 @@ class BaseLockBackend(abc.ABC):
     page_size: int = 500
     """How many nodes maintenance work (reaping, searches) reads and writes at a time."""
 
+    marker_ttl: float = 3.0
+    """Seconds a waiting marker lasts unless its request tries again (it must outlast a backoff step)."""
+
     def __init__(self, *, ttl: float = 30.0) -> None:
         self.ttl = ttl
 
@@ -36,8 +39,10 @@ class BaseLockBackend(abc.ABC):
     def acquire(self, request: LockRequest) -> Grant | None:
         """Take every (node, mode) of the request for its holder, all or nothing.
 
-        Return the grant, or None if a live holder of any node conflicts. On
-        None nothing of the request is left in the store. Evict expired
+        Return the grant, or None if a live holder of any node conflicts, or
+        a waiting marker queued before it (see ``LockRequest.ticket``). On
+        None nothing of the request is left held; a request with a ticket
+        leaves its waiting markers. Evict expired
         holders (that carry no intent) met on the way. Raise
         LockBackendUnavailable if the store fails; leave nothing held then
         either, or only what the lease will expire.
@@ -109,6 +114,9 @@ class BaseLockBackend(abc.ABC):
         ``progress`` with the running count after each. Return what was (or,
         with ``dry_run``, would be) removed.
         """
+
+    def withdraw(self, request: LockRequest) -> None:
+        """Remove the waiting markers ``request`` left (it gave up); markers also expire by themselves."""
 
     def holder_records(self, holder_id: str) -> list[HolderRecord]:
         """Return the records of one holder on every node it holds."""

@@ -70,6 +70,8 @@ MAPPING: dict[str, Any] = {
                 "recovery": {"type": "object", "enabled": False},
             },
         },
+        # Markers of requests that waited (fair waiting); read by scripts only.
+        "waiters": {"type": "object", "enabled": False},
     },
 }
 
@@ -106,6 +108,10 @@ def _own_hold(source: Mapping[str, Any] | None, owner_key: str, mode: str) -> bo
     return False
 
 
+def _holds(source: Mapping[str, Any] | None, holder_id: str) -> bool:
+    return any(holder.get("id") == holder_id for holder in (source or {}).get("holders") or ())
+
+
 def read_acquire_items(request: LockRequest, items: Sequence[Mapping[str, Any]]) -> AcquireOutcome:
     """Sort the items of an acquire ``_bulk`` into taken, refused and failed nodes.
 
@@ -127,7 +133,10 @@ def read_acquire_items(request: LockRequest, items: Sequence[Mapping[str, Any]])
                 outcome.errors.append(f"{node}: {error.get('type')}: {error.get('reason')}")
             continue
         result = body.get("result")
-        if result in ("created", "updated"):
+        source = body.get("get", {}).get("_source")
+        if result in ("created", "updated") and request.ticket is not None and not _holds(source, request.holder_id):
+            outcome.refused.append(node)  # it left a waiting marker, not a holder
+        elif result in ("created", "updated"):
             outcome.taken.append(node)
             outcome.token = max(outcome.token, body["_seq_no"] + 1)
         elif (
@@ -277,8 +286,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
         if request.intent is not None:
             holder["intent"] = request.intent
         header: dict[str, Any] = {"_index": self.index, "retry_on_conflict": RETRY_ON_CONFLICT}
-        if request.reentrant:
-            header["_source"] = ["holders.owner.key", "holders.mode"]
+        if request.reentrant or request.ticket is not None:
+            header["_source"] = ["holders.id", "holders.owner.key", "holders.mode"]
         operations: list[dict[str, Any]] = []
         for node, mode in request.targets:
             parent = paths.parent(node.key) if node.kind is Kind.TREE else None
@@ -286,6 +295,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 "holder": {**holder, "mode": mode.value},
                 "conflicts": sorted(m.value for m in modes.conflicting(mode)),
                 "reentrant": request.reentrant,
+                "ticket": request.ticket,
+                "marker_ttl_ms": round(self.marker_ttl * 1000),
                 "ttl_ms": request.ttl_ms,
                 "node": {
                     "namespace": node.namespace,
@@ -316,6 +327,17 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 raise LockBackendUnavailable(f"Elasticsearch refused the acquire: {'; '.join(outcome.errors)}")
             return None
         return Grant(request=request, token=outcome.token, taken=tuple(outcome.taken))
+
+    def withdraw(self, request: LockRequest) -> None:
+        operations: list[dict[str, Any]] = []
+        for node, _ in request.targets:
+            operations.append(
+                {"update": {"_index": self.index, "_id": node.id, "retry_on_conflict": RETRY_ON_CONFLICT}}
+            )
+            operations.append(
+                {"script": {"source": scripts.WITHDRAW, "lang": "painless", "params": {"holder_id": request.holder_id}}}
+            )
+        self._bulk(operations, "withdraw waiting markers")
 
     def release(self, grant: Grant) -> bool:
         return self._release_nodes(grant.request.holder_id, grant.request.owner.key, grant.taken)

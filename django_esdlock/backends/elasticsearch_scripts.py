@@ -27,9 +27,42 @@ _VIEWS = """
   }
   ctx._source.holders = kept;
   ctx._source.lock_count = kept.size();
-  ctx._source.lock_type = exclusive ? 'exclusive' : 'shared';
+  if (kept.isEmpty()) {
+    ctx._source.lock_type = null;
+  } else if (exclusive) {
+    ctx._source.lock_type = 'exclusive';
+  } else {
+    ctx._source.lock_type = 'shared';
+  }
   ctx._source.modes = modes;
 """
+
+# Keeps the live waiting markers (except params.holder_id's) in `waiters`.
+_LIVE_WAITERS = """
+List waiters = new ArrayList();
+if (ctx._source.waiters != null) {
+  for (def w : ctx._source.waiters) {
+    long waitUntil = w.expires_at;
+    if (waitUntil > now && w.id != params.holder_id) {
+      waiters.add(w);
+    }
+  }
+}
+"""
+
+# Writes `kept` and `waiters` back, or deletes the node when both are empty.
+_STORE_OR_DELETE = (
+    """
+if (kept.isEmpty() && waiters.isEmpty()) {
+  ctx.op = 'delete';
+} else {
+  ctx._source.waiters = waiters;
+"""
+    + _VIEWS
+    + """
+}
+"""
+)
 
 ACQUIRE = (
     """
@@ -37,16 +70,27 @@ ACQUIRE = (
 // params.conflicts. A node the same owner already holds in the same mode is a
 // no-op when params.reentrant (document locks). A holder with the same id
 // (the request was retried after a lost response) is replaced, never doubled.
+//
+// Fair waiting: a request that has waited carries params.ticket (its queue
+// position) and, when refused, leaves a marker here that lasts
+// params.marker_ttl_ms. A live marker in a conflicting mode refuses every
+// request queued after it (no ticket, or a larger one), unless the
+// requester already holds this node: so a stream of newcomers cannot starve
+// a waiter, and waiters, ordered by ticket, cannot wait for each other.
 long now = ctx._now;
 List kept = new ArrayList();
 boolean refused = false;
 boolean reentered = false;
+boolean inside = false;
 if (ctx._source.holders != null) {
   for (def h : ctx._source.holders) {
     long expiresAt = h.expires_at;
     boolean live = expiresAt > now;
     if (h.id != params.holder.id && (live || h.intent != null)) {
       kept.add(h);
+      if (live && h.owner.key == params.holder.owner.key) {
+        inside = true;
+      }
       if (params.reentrant && live && h.owner.key == params.holder.owner.key && h.mode == params.holder.mode) {
         reentered = true;
       } else if (params.conflicts.contains(h.mode)) {
@@ -55,8 +99,39 @@ if (ctx._source.holders != null) {
     }
   }
 }
-if (refused || reentered) {
+List waiters = new ArrayList();
+if (ctx._source.waiters != null) {
+  for (def w : ctx._source.waiters) {
+    long waitUntil = w.expires_at;
+    if (waitUntil > now && w.id != params.holder.id) {
+      waiters.add(w);
+      if (!inside && params.conflicts.contains(w.mode)) {
+        if (params.ticket == null) {
+          refused = true;
+        } else {
+          long theirs = w.ticket;
+          long mine = params.ticket;
+          if (theirs < mine) {
+            refused = true;
+          }
+        }
+      }
+    }
+  }
+}
+if (reentered || (refused && params.ticket == null)) {
   ctx.op = 'none';
+} else if (refused) {
+  Map marker = new HashMap();
+  marker.id = params.holder.id;
+  marker.mode = params.holder.mode;
+  marker.ticket = params.ticket;
+  marker.expires_at = now + params.marker_ttl_ms;
+  waiters.add(marker);
+  ctx._source.waiters = waiters;
+"""
+    + _VIEWS
+    + """
 } else {
   Map holder = new HashMap();
   holder.putAll(params.holder);
@@ -68,6 +143,7 @@ if (refused || reentered) {
   ctx._source.key = params.node.key;
   ctx._source.parent = params.node.parent;
   ctx._source.depth = params.node.depth;
+  ctx._source.waiters = waiters;
 """
     + _VIEWS
     + """
@@ -78,9 +154,10 @@ if (refused || reentered) {
 RELEASE = (
     """
 // Remove the holder params.holder_id (and expired holders without an intent);
-// delete the node when no holder is left, as the chapter's release does.
-// A no-op when the holder is not here, or was taken over by a reaper (its
-// owner is no longer params.owner_key, unless that is null: a forced release).
+// delete the node when no holder and no live waiting marker is left, as the
+// chapter's release does. A no-op when the holder is not here, or was taken
+// over by a reaper (its owner is no longer params.owner_key, unless that is
+// null: a forced release).
 long now = ctx._now;
 List kept = new ArrayList();
 boolean removed = false;
@@ -92,13 +169,44 @@ for (def h : ctx._source.holders) {
     kept.add(h);
   }
 }
+"""
+    + _LIVE_WAITERS
+    + """
 if (!removed) {
   ctx.op = 'none';
-} else if (kept.isEmpty()) {
-  ctx.op = 'delete';
 } else {
 """
-    + _VIEWS
+    + _STORE_OR_DELETE
+    + """
+}
+"""
+)
+
+WITHDRAW = (
+    """
+// Remove the waiting marker of params.holder_id (a request that gave up);
+// delete the node if nothing else is left. A no-op when there is no marker.
+long now = ctx._now;
+boolean had = false;
+if (ctx._source.waiters != null) {
+  for (def w : ctx._source.waiters) {
+    if (w.id == params.holder_id) {
+      had = true;
+    }
+  }
+}
+List kept = new ArrayList();
+if (ctx._source.holders != null) {
+  kept.addAll(ctx._source.holders);
+}
+"""
+    + _LIVE_WAITERS
+    + """
+if (!had) {
+  ctx.op = 'none';
+} else {
+"""
+    + _STORE_OR_DELETE
     + """
 }
 """
@@ -141,8 +249,10 @@ if (renewed) {
 EVICT = (
     """
 // Remove holders whose lease ran out more than params.grace_ms ago and that
-// carry no intent; delete the node when none is left. A no-op otherwise.
-long cutoff = ctx._now - params.grace_ms;
+// carry no intent, and expired waiting markers; delete the node when nothing
+// is left. A no-op when nothing goes.
+long now = ctx._now;
+long cutoff = now - params.grace_ms;
 List kept = new ArrayList();
 for (def h : ctx._source.holders) {
   long expiresAt = h.expires_at;
@@ -150,13 +260,15 @@ for (def h : ctx._source.holders) {
     kept.add(h);
   }
 }
-if (kept.size() == ctx._source.holders.size()) {
+"""
+    + _LIVE_WAITERS
+    + """
+int before = ctx._source.waiters == null ? 0 : ctx._source.waiters.size();
+if (kept.size() == ctx._source.holders.size() && waiters.size() == before) {
   ctx.op = 'none';
-} else if (kept.isEmpty()) {
-  ctx.op = 'delete';
 } else {
 """
-    + _VIEWS
+    + _STORE_OR_DELETE
     + """
 }
 """
