@@ -22,3 +22,6 @@ lock_recovery_failed = Signal()
 
 lock_unrecoverable = Signal()
 """Sent for an expired holder whose intent has no recovery handler, with ``holder``."""
+
+lock_force_released = Signal()
+"""Sent when an admin force-releases a holder, with ``holder``, ``records`` and ``user``."""

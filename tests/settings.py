@@ -13,6 +13,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "django_esdlock",
     "example_project.fs",
 ]
@@ -43,9 +44,7 @@ DATABASES = {
         "NAME": os.environ.get("ESDLOCK_TEST_SQLITE", "test-default.sqlite3"),
         "TEST": {"NAME": os.environ.get("ESDLOCK_TEST_SQLITE", "test-default.sqlite3")},
     },
-    "postgres": environ.Env.db_url_config(
-        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
-    ),
+    "postgres": environ.Env.db_url_config(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")),
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 STATIC_URL = "static/"

@@ -1,0 +1,288 @@
+"""Admin page of held locks: what the active backend reports, page by page, for every backend."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.translation import ngettext
+
+from . import signals
+from .conf import get_backend
+from .exceptions import LockError
+from .held_lock import HeldLock
+from .modes import Mode
+from .paths import ancestors, normalize_namespace, normalize_path
+from .reaper import Reaper
+from .records import HolderRecord, Kind, Node
+
+_EXPIRED_CHOICES = {"yes": True, "no": False}
+
+
+@dataclasses.dataclass(frozen=True)
+class ListFilters:
+    """The changelist's GET parameters, validated, as ``backend.holders()`` keywords."""
+
+    namespace: str | None = None
+    mode: Mode | None = None
+    host: str | None = None
+    expired: bool | None = None
+    q: str | None = None
+
+    @classmethod
+    def from_query(cls, query: Mapping[str, str]) -> ListFilters:
+        """Raise ValueError (or InvalidLockPath) naming the bad parameter."""
+        namespace = query.get("namespace") or None
+        mode = query.get("mode") or None
+        expired = query.get("expired") or None
+        if expired is not None and expired not in _EXPIRED_CHOICES:
+            raise ValueError(f"expired must be 'yes' or 'no', not {expired!r}")
+        return cls(
+            namespace=normalize_namespace(namespace) if namespace else None,
+            mode=Mode(mode) if mode else None,
+            host=query.get("host") or None,
+            expired=_EXPIRED_CHOICES[expired] if expired else None,
+            q=query.get("q") or None,
+        )
+
+    def backend_kwargs(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "mode": self.mode,
+            "host": self.host,
+            "expired": self.expired,
+            "path_prefix": self.q,
+        }
+
+    def query(self, **changes: Any) -> str:
+        """Return these filters (with ``changes``) as a query string, for links."""
+        values = {
+            "namespace": self.namespace,
+            "mode": self.mode.value if self.mode else None,
+            "host": self.host,
+            "expired": {True: "yes", False: "no"}.get(self.expired),  # type: ignore[arg-type]
+            "q": self.q,
+            **changes,
+        }
+        return urlencode({k: v for k, v in values.items() if v})
+
+
+def _row(record: HolderRecord) -> dict[str, Any]:
+    owner = record.owner
+    return {
+        "record": record,
+        "owner": f"{owner.get('host', '?')} pid {owner.get('pid', '?')} {owner.get('thread_name', '')}".strip(),
+        "intent": json.dumps(record.intent, sort_keys=True) if record.intent else "",
+        "checkpoint": json.dumps(record.checkpoint, sort_keys=True) if record.checkpoint else "",
+        "recovery": (record.recovery or {}).get("state", ""),
+        "tree_path": record.node.key if record.node.kind is Kind.TREE else None,
+    }
+
+
+@admin.register(HeldLock)
+class HeldLockAdmin(admin.ModelAdmin):
+    """Lists holders through the backend (never the ORM); force release and reap as POST actions."""
+
+    list_per_page = 100
+    change_list_template = "admin/django_esdlock/heldlock/change_list.html"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list:
+        info = self.opts.app_label, self.opts.model_name
+        view = self.admin_site.admin_view
+        return [
+            path("", view(self.changelist_view), name="{}_{}_changelist".format(*info)),
+            path("tree/", view(self.tree_view), name="{}_{}_tree".format(*info)),
+            path("release/", view(self.force_release_view), name="{}_{}_release".format(*info)),
+            path("reap/", view(self.reap_view), name="{}_{}_reap".format(*info)),
+        ]
+
+    def _url(self, name: str) -> str:
+        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}")
+
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        try:
+            backend_name = get_backend().describe()
+        except LockError as e:
+            backend_name = f"misconfigured: {e}"
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": title,
+            "backend_name": backend_name,
+            "can_release": self.has_delete_permission(request),
+            "changelist_url": self._url("changelist"),
+            "tree_url": self._url("tree"),
+            "release_url": self._url("release"),
+            "reap_url": self._url("reap"),
+            **extra,
+        }
+
+    # --- the list -----------------------------------------------------------
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        error = None
+        rows: list[dict[str, Any]] = []
+        next_url = None
+        try:
+            filters = ListFilters.from_query(request.GET)
+        except ValueError as e:
+            filters, error = ListFilters(), f"Invalid filter: {e}"
+        if error is None:
+            try:
+                page = get_backend().holders(
+                    **filters.backend_kwargs(), cursor=request.GET.get("cursor") or None, limit=self.list_per_page
+                )
+            except (LockError, ValueError) as e:
+                error = f"The lock store cannot be read: {e}"
+            else:
+                rows = [_row(r) for r in page.holders]
+                if page.next_cursor:
+                    next_url = "?" + filters.query(cursor=page.next_cursor)
+        context = self._context(
+            request,
+            "Held locks",
+            rows=rows,
+            error=error,
+            filters=filters,
+            modes=[m.value for m in Mode],
+            next_url=next_url,
+            first_url="?" + filters.query() if request.GET.get("cursor") else None,
+            **(extra_context or {}),
+        )
+        return TemplateResponse(request, self.change_list_template, context)
+
+    # --- the tree -------------------------------------------------------------
+
+    def tree_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        error = None
+        node_rows: list[dict[str, Any]] = []
+        children: dict[str, list[dict[str, Any]]] = {}
+        namespace, tree_path, next_url = "default", "", None
+        try:
+            namespace = normalize_namespace(request.GET.get("namespace") or "default")
+            tree_path = normalize_path(request.GET["path"]) if request.GET.get("path") else ""
+            backend = get_backend()
+            if tree_path:
+                node_rows = [_row(r) for r in backend.node_holders(Node(namespace, Kind.TREE, tree_path))]
+            page = backend.holders(
+                namespace=namespace,
+                parent=tree_path,
+                cursor=request.GET.get("cursor") or None,
+                limit=self.list_per_page,
+            )
+            for record in page.holders:
+                children.setdefault(record.node.key, []).append(_row(record))
+            if page.next_cursor:
+                next_url = "?" + urlencode({"namespace": namespace, "path": tree_path, "cursor": page.next_cursor})
+        except (LockError, ValueError) as e:
+            error = f"The lock store cannot be read: {e}"
+        crumbs = [{"path": p, "name": p.rsplit("/", 1)[1]} for p in ancestors(tree_path)] if tree_path else []
+        context = self._context(
+            request,
+            f"Lock tree of namespace {namespace}",
+            error=error,
+            namespace=namespace,
+            tree_path=tree_path,
+            crumbs=crumbs,
+            node_rows=node_rows,
+            children=sorted(children.items()),
+            next_url=next_url,
+        )
+        return TemplateResponse(request, "admin/django_esdlock/heldlock/tree.html", context)
+
+    # --- actions -----------------------------------------------------------------
+
+    def force_release_view(self, request: HttpRequest) -> HttpResponse:
+        """POST holder ids: ask for confirmation, then remove them from every node they hold."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_delete_permission(request):
+            raise PermissionDenied
+        holder_ids = list(dict.fromkeys(request.POST.getlist("holder")))
+        back = self._url("changelist") + ("?" + request.POST["back"] if request.POST.get("back") else "")
+        if not holder_ids:
+            self.message_user(request, "Select at least one holder to release.", messages.WARNING)
+            return HttpResponseRedirect(back)
+        backend = get_backend()
+        try:
+            found = {holder_id: backend.holder_records(holder_id) for holder_id in holder_ids}
+        except LockError as e:
+            self.message_user(request, f"The lock store cannot be read: {e}", messages.ERROR)
+            return HttpResponseRedirect(back)
+        if request.POST.get("confirm") != "yes":
+            context = self._context(
+                request,
+                "Force release: are you sure?",
+                holders=[(holder_id, [_row(r) for r in records]) for holder_id, records in found.items()],
+                back=request.POST.get("back", ""),
+            )
+            return TemplateResponse(request, "admin/django_esdlock/heldlock/release_confirmation.html", context)
+        released = 0
+        content_type = ContentType.objects.get_for_model(HeldLock, for_concrete_model=False)
+        for holder_id, records in found.items():
+            if not records:
+                continue
+            try:
+                backend.force_release(holder_id, [r.node for r in records])
+            except LockError as e:
+                self.message_user(request, f"Releasing {holder_id} failed: {e}", messages.ERROR)
+                continue
+            released += 1
+            main = next((r for r in records if r.mode in (Mode.S, Mode.X)), records[-1])
+            LogEntry.objects.create(
+                user_id=request.user.pk,
+                content_type=content_type,
+                object_id=holder_id,
+                object_repr=f"{main.node} {main.mode.value} held by {_row(main)['owner']}"[:200],
+                action_flag=DELETION,
+                change_message=f"Force-released holder {holder_id} on {len(records)} node(s).",
+            )
+            signals.lock_force_released.send(sender=type(self), holder=main, records=records, user=request.user)
+        self.message_user(
+            request,
+            ngettext("Released %(count)d holder.", "Released %(count)d holders.", released) % {"count": released},
+            messages.SUCCESS,
+        )
+        return HttpResponseRedirect(back)
+
+    def reap_view(self, request: HttpRequest) -> HttpResponse:
+        """POST: remove expired holders now (recovering those with an intent), as reap_locks does."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_delete_permission(request):
+            raise PermissionDenied
+        try:
+            report = Reaper(get_backend()).run()
+        except LockError as e:
+            self.message_user(request, f"Reaping failed: {e}", messages.ERROR)
+        else:
+            count = len(report.evicted)
+            self.message_user(
+                request,
+                ngettext("Removed %(count)d expired holder.", "Removed %(count)d expired holders.", count)
+                % {"count": count}
+                + (f" Recovered {len(report.recovered)}." if report.recovered else "")
+                + (f" {len(report.failed)} recoveries failed." if report.failed else ""),
+                messages.SUCCESS if not report.failed else messages.WARNING,
+            )
+        return HttpResponseRedirect(self._url("changelist"))

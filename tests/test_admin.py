@@ -1,0 +1,171 @@
+"""The admin page of held locks, through Django's test client, against a real store."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.contrib.admin.models import DELETION, LogEntry
+
+from django_esdlock import lock_tree
+from django_esdlock.conf import load_backend
+from django_esdlock.modes import Mode
+from django_esdlock.signals import lock_force_released
+
+from .admin_support import staff_user
+from .contract import all_holders, raw_grant
+from .stores import es_config
+
+pytestmark = pytest.mark.django_db
+
+LIST = "/admin/django_esdlock/heldlock/"
+TREE = LIST + "tree/"
+RELEASE = LIST + "release/"
+REAP = LIST + "reap/"
+
+
+@pytest.fixture
+def lock_config(es_url, settings):
+    config = es_config(es_url)
+    settings.LOCK_BACKEND = config
+    yield config
+    backend = load_backend(config)
+    backend.client.options(ignore_status=404).indices.delete(index=config["OPTIONS"]["index"])
+    backend.close()
+
+
+@pytest.fixture
+def viewer(client, django_user_model):
+    client.force_login(staff_user(django_user_model, "viewer", "view_heldlock"))
+    return client
+
+
+@pytest.fixture
+def releaser(client, django_user_model):
+    client.force_login(staff_user(django_user_model, "releaser", "view_heldlock", "delete_heldlock"))
+    return client
+
+
+def rows(response) -> list[tuple[str, str]]:
+    return [(r["record"].node.key, r["record"].mode.value) for r in response.context["rows"]]
+
+
+def test_anonymous_is_sent_to_login(client, lock_config):
+    for url in (LIST, TREE):
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
+
+
+def test_staff_without_permission_is_forbidden(client, django_user_model, lock_config):
+    client.force_login(staff_user(django_user_model, "nobody"))
+    assert client.get(LIST).status_code == 403
+    assert client.get(TREE).status_code == 403
+    assert client.post(RELEASE, {"holder": "x"}).status_code == 403
+
+
+def test_list_shows_the_backend_and_another_process_lock(viewer, lock_config, peer):
+    peer.acquire("file", scheme="tree", path="/clinton/projects/README.txt", namespace="fs")
+    response = viewer.get(LIST)
+    assert response.status_code == 200
+    assert lock_config["OPTIONS"]["index"] in response.context["backend_name"]
+    assert rows(response) == [("/clinton", "IX"), ("/clinton/projects", "IX"), ("/clinton/projects/README.txt", "X")]
+    assert b"/clinton/projects/README.txt" in response.content
+    assert b"Force release" not in response.content  # no delete permission, no action
+
+
+def test_each_filter(viewer, lock_config, peer, backend):
+    peer.acquire("file", scheme="tree", path="/clinton/README.txt", namespace="fs")
+    raw_grant(backend, "/old", Mode.S, ttl=0.2, namespace="other")
+    time.sleep(0.3)
+    with lock_tree("/bill", shared=True, namespace="fs", backend=backend):
+        assert rows(viewer.get(LIST, {"mode": "X"})) == [("/clinton/README.txt", "X")]
+        assert rows(viewer.get(LIST, {"namespace": "other"})) == [("/old", "S")]
+        assert rows(viewer.get(LIST, {"expired": "yes"})) == [("/old", "S")]
+        assert ("/old", "S") not in rows(viewer.get(LIST, {"expired": "no"}))
+        assert rows(viewer.get(LIST, {"host": "elsewhere"})) == []
+        assert len(rows(viewer.get(LIST, {"host": peer_host()}))) == 4
+        assert rows(viewer.get(LIST, {"q": "/clinton/R"})) == [("/clinton/README.txt", "X")]
+        bad = viewer.get(LIST, {"mode": "Q"})
+        assert bad.status_code == 200 and "Invalid filter" in bad.context["error"]
+
+
+def peer_host() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def test_pages_follow_the_cursor(viewer, lock_config, backend, settings):
+    for i in range(5):
+        raw_grant(backend, f"/p{i}", Mode.S, ttl=30)
+    from django_esdlock.admin import HeldLockAdmin
+
+    original = HeldLockAdmin.list_per_page
+    HeldLockAdmin.list_per_page = 2
+    try:
+        seen, url = [], LIST
+        while url:
+            response = viewer.get(url)
+            seen.extend(key for key, _ in rows(response))
+            url = response.context["next_url"] and LIST + response.context["next_url"]
+        assert seen == [f"/p{i}" for i in range(5)]
+    finally:
+        HeldLockAdmin.list_per_page = original
+
+
+def test_tree_view_shows_children_and_holders(viewer, lock_config, peer):
+    peer.acquire("file", scheme="tree", path="/clinton/projects/README.txt", namespace="fs")
+    top = viewer.get(TREE, {"namespace": "fs"})
+    assert [key for key, _ in top.context["children"]] == ["/clinton"]
+    inner = viewer.get(TREE, {"namespace": "fs", "path": "/clinton/projects"})
+    assert [r["record"].mode.value for r in inner.context["node_rows"]] == ["IX"]
+    assert [key for key, _ in inner.context["children"]] == ["/clinton/projects/README.txt"]
+    assert [c["path"] for c in inner.context["crumbs"]] == ["/clinton"]
+
+
+def test_force_release_needs_delete_permission(viewer, lock_config, peer):
+    holder = peer.acquire("file", scheme="tree", path="/clinton", namespace="fs")["holder_id"]
+    assert viewer.post(RELEASE, {"holder": holder}).status_code == 403
+    assert viewer.get(RELEASE).status_code in (403, 405)
+
+
+def test_force_release_confirms_then_releases_logs_and_signals(releaser, lock_config, peer, backend):
+    holder = peer.acquire("file", scheme="tree", path="/clinton/README.txt", namespace="fs")["holder_id"]
+    assert releaser.get(RELEASE).status_code == 405
+    confirm = releaser.post(RELEASE, {"holder": holder})
+    assert confirm.status_code == 200 and b"are you sure" in confirm.content.lower()
+    assert len(all_holders(backend)) == 2  # nothing released before confirmation
+    signalled = []
+    lock_force_released.connect(receiver := lambda holder, user, **kw: signalled.append((holder.node.key, user)))
+    try:
+        response = releaser.post(RELEASE, {"holder": holder, "confirm": "yes"})
+    finally:
+        lock_force_released.disconnect(receiver)
+    assert response.status_code == 302
+    assert all_holders(backend) == []
+    (entry,) = LogEntry.objects.filter(object_id=holder)
+    assert entry.action_flag == DELETION and entry.user.username == "releaser"
+    assert "/clinton/README.txt" in entry.object_repr
+    assert [key for key, _ in signalled] == ["/clinton/README.txt"]
+    with lock_tree("/clinton", namespace="fs", timeout=0, backend=backend):
+        pass
+
+
+def test_reap_now(releaser, lock_config, backend):
+    raw_grant(backend, "/stale", Mode.X, ttl=0.2)
+    time.sleep(0.3)
+    response = releaser.post(REAP, follow=True)
+    assert all_holders(backend) == []
+    assert "Removed 1 expired holder." in [str(m) for m in response.context["messages"]]
+
+
+def test_unreachable_store_is_a_message_not_a_crash(viewer, settings):
+    settings.LOCK_BACKEND = {
+        "BACKEND": "django_esdlock.backends.elasticsearch.ElasticsearchLockBackend",
+        "OPTIONS": {"hosts": ["http://127.0.0.1:9"], "index": "locks", "request_timeout": 1, "max_retries": 0},
+    }
+    for url in (LIST, TREE):
+        response = viewer.get(url)
+        assert response.status_code == 200
+        assert "cannot be read" in response.context["error"]
+        assert b"127.0.0.1:9" in response.content
