@@ -1,0 +1,288 @@
+"""The figures of a run, the same for every store: each returns its figures next to their baselines."""
+
+from __future__ import annotations
+
+import logging
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..exceptions import LockTimeout
+from ..locks import lock_tree
+from ..reaper import Reaper
+from .common import Figure, Goal, interleaved_rates, percentile, ratio_at_most, tree_path, value_at_most
+from .kit import StoreKit
+from .workers import WorkerPool
+
+Say = Callable[[str], None]
+
+NAMESPACE = "bench"
+CONSTANT = Goal("ratio", True, 1.0, "= depth 1")
+WAKE_PATH = "/wakeup"
+WAKE_WARMUP_ROUNDS = 3
+HOT_PATHS = [f"/hot/sub/dir/leaf{k}" for k in range(4)]
+"""Contention: four leaves of one subtree (depth 4), so workers both share ancestors and collide on leaves."""
+CHURN_PATHS = [f"/a/{k}/leaf" for k in range(16)]
+CHURN_HOLD = 0.01
+WRITER_ROUNDS = 3
+
+
+def _timed(operation: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    operation()
+    return time.perf_counter() - started
+
+
+def _lock_pair(path: str, backend: Any) -> Callable[[], None]:
+    def pair() -> None:
+        with lock_tree(path, namespace=NAMESPACE, backend=backend):
+            pass
+
+    return pair
+
+
+def pairs(kit: StoreKit, depths: Sequence[int], seconds: float, say: Say) -> list[Figure]:
+    """Tree lock acquire+release pairs/s by depth, against each of the store's baseline pairs."""
+    figures = []
+    for depth in depths:
+        say(f"{kit.name}: pairs/s at depth {depth}")
+        baselines = kit.baselines(depth)
+        operations = {"lock": _lock_pair(tree_path(depth), kit.backend), **{b.key: b.run for b in baselines}}
+        rates = interleaved_rates(operations, seconds)
+        lock = rates["lock"]
+        for baseline in baselines:
+            figures.append(
+                Figure(
+                    key=f"{kit.name}.pair.d{depth}.vs_{baseline.key}",
+                    backend=kit.name,
+                    label=f"tree lock pairs/s, depth {depth}",
+                    value=lock.per_second,
+                    unit="/s",
+                    baseline_label=baseline.label,
+                    baseline=rates[baseline.key].per_second,
+                    goal=baseline.goal,
+                    extra={
+                        "pairs": lock.count,
+                        "median_pair_s": lock.median,
+                        "baseline_pairs": rates[baseline.key].count,
+                        "baseline_median_pair_s": rates[baseline.key].median,
+                    },
+                )
+            )
+    return figures
+
+
+def requests(kit: StoreKit, depths: Sequence[int], rounds: int, say: Say) -> list[Figure]:
+    """Requests (round trips) one uncontended acquire sends, by depth, against depth 1: must be constant."""
+    say(f"{kit.name}: {kit.request_word} per acquire")
+    unit = "req" if kit.request_word == "requests" else "rt"
+    counts: dict[int, tuple[float, float]] = {}
+    for depth in sorted({1, *depths}):
+        _lock_pair(tree_path(depth), kit.backend)()  # warm: index check, connection setup
+        acquired = released = 0
+        for _ in range(rounds):
+            lock = lock_tree(tree_path(depth), namespace=NAMESPACE, backend=kit.backend)
+            with kit.counting() as count:
+                lock.acquire()
+            acquired += count.value
+            with kit.counting() as count:
+                lock.release()
+            released += count.value
+        counts[depth] = (acquired / rounds, released / rounds)
+    return [
+        Figure(
+            key=f"{kit.name}.requests.d{depth}",
+            backend=kit.name,
+            label=f"{kit.request_word} per acquire, depth {depth}",
+            value=counts[depth][0],
+            unit=unit,
+            baseline_label=f"{kit.request_word} per acquire, depth 1",
+            baseline=counts[1][0],
+            goal=CONSTANT,
+            extra={"per_release": counts[depth][1]},
+        )
+        for depth in depths
+    ]
+
+
+def wakeup(kit: StoreKit, pool: WorkerPool, rounds: int, say: Say) -> list[Figure]:
+    """Release in this process → grant in a blocked waiter process, p50 and p99, against one uncontended pair.
+
+    The latency runs from just before this process's ``release()`` to the
+    return of the waiter's ``acquire()``, so its floor is one release plus
+    one acquire: an uncontended pair.
+    """
+    say(f"{kit.name}: wake-up latency, {rounds} rounds")
+    pair = _lock_pair(WAKE_PATH, kit.backend)
+    pair()
+    floor = statistics.median(_timed(pair) for _ in range(max(20, rounds)))
+    (conn,) = pool.start("wake", kit.config, 1, path=WAKE_PATH, namespace=NAMESPACE)
+    latencies = []
+    try:
+        for round_ in range(WAKE_WARMUP_ROUNDS + rounds):
+            lock = lock_tree(WAKE_PATH, namespace=NAMESPACE, backend=kit.backend).acquire()
+            try:
+                conn.send("go")
+                if pool.receive(conn) != "waiting":
+                    raise RuntimeError("the waiter did not start waiting")
+                time.sleep(random.uniform(0.02, 0.08))  # the waiter is asleep in wait() by now
+                released = time.monotonic()
+            finally:
+                lock.release()  # whatever failed, the waiter must not block for ever
+            granted = pool.receive(conn)
+            if round_ >= WAKE_WARMUP_ROUNDS:
+                latencies.append(granted - released)
+    finally:
+        conn.send("stop")
+    pool.results([conn])
+    goal = value_at_most(0.005, "≤ 5 ms") if kit.name == "postgres" else None
+    common = {"backend": kit.name, "unit": "s", "baseline_label": "one uncontended pair", "baseline": floor}
+    return [
+        Figure(
+            key=f"{kit.name}.wakeup.p50",
+            label="wake-up after release, p50",
+            value=percentile(latencies, 0.5),
+            goal=goal,
+            extra={"rounds": len(latencies)},
+            **common,
+        ),
+        Figure(
+            key=f"{kit.name}.wakeup.p99",
+            label="wake-up after release, p99",
+            value=percentile(latencies, 0.99),
+            **common,
+        ),
+    ]
+
+
+def _contend(kit: StoreKit, pool: WorkerPool, workers: int, seconds: float) -> tuple[float, list[float]]:
+    stop_at = time.monotonic() + seconds
+    results = pool.run("contend", kit.config, workers, paths=HOT_PATHS, namespace=NAMESPACE, stop_at=stop_at)
+    began = min(r["began"] for r in results)
+    waits = [w for r in results for w in r["waits"]]
+    return sum(r["pairs"] for r in results) / (stop_at - began), waits
+
+
+def contention(kit: StoreKit, pool: WorkerPool, workers: int, seconds: float, say: Say) -> list[Figure]:
+    """``workers`` processes hammering four leaves of one subtree: pairs/s against one process, longest wait.
+
+    The longest wait is held against a fair turn: the time for every worker
+    to get the lock once at the measured rate (workers / pairs/s).
+    """
+    say(f"{kit.name}: {workers} processes on one subtree")
+    solo_rate, _ = _contend(kit, pool, 1, seconds)
+    rate, waits = _contend(kit, pool, workers, seconds)
+    return [
+        Figure(
+            key=f"{kit.name}.contention.pairs",
+            backend=kit.name,
+            label=f"{workers} processes on one subtree, pairs/s",
+            value=rate,
+            unit="/s",
+            baseline_label="1 process, same subtree",
+            baseline=solo_rate,
+        ),
+        Figure(
+            key=f"{kit.name}.contention.longest_wait",
+            backend=kit.name,
+            label=f"{workers} processes on one subtree, longest wait",
+            value=max(waits, default=float("nan")),
+            unit="s",
+            baseline_label=f"fair turn ({workers} / pairs/s)",
+            baseline=workers / rate if rate else float("nan"),
+            extra={"p50_wait": percentile(waits, 0.5), "p99_wait": percentile(waits, 0.99), "waits": len(waits)},
+        ),
+    ]
+
+
+def writer_wait(kit: StoreKit, pool: WorkerPool, churners: int, seconds: float, say: Say) -> list[Figure]:
+    """One X request on ``/a`` while ``churners`` processes keep taking X on leaves below it, against the longest hold.
+
+    The writer tries :data:`WRITER_ROUNDS` times (each given at most
+    ``max(1, 5 * seconds)`` s) and the figure is its longest wait; a request
+    that times out counts as waiting the whole time, and ends the rounds.
+    """
+    say(f"{kit.name}: writer wait on /a, {churners} processes below")
+    give_up = max(1.0, 5 * seconds)
+    conns = pool.start("churn", kit.config, churners, paths=CHURN_PATHS, namespace=NAMESPACE, hold=CHURN_HOLD)
+    waits, starved = [], False
+    try:
+        for conn in conns:
+            if pool.receive(conn) != "started":
+                raise RuntimeError("a churning worker did not start")
+        time.sleep(0.2)  # every worker in its stride
+        for _ in range(WRITER_ROUNDS):
+            lock = lock_tree("/a", timeout=give_up, namespace=NAMESPACE, backend=kit.backend)
+            started = time.perf_counter()
+            try:
+                lock.acquire()
+            except LockTimeout:
+                starved = True
+            waits.append(time.perf_counter() - started)
+            if starved:
+                break
+            lock.release()
+    finally:
+        for conn in conns:
+            conn.send("stop")
+    results = pool.results(conns)
+    longest_hold = max(r["longest_hold"] for r in results)
+    note = f"starved: no grant within {give_up:g} s; the value is the time it gave up after" if starved else ""
+    return [
+        Figure(
+            key=f"{kit.name}.writer_wait",
+            backend=kit.name,
+            label=f"writer wait for X on /a, {churners} processes below",
+            value=max(waits),
+            unit="s",
+            baseline_label="longest hold below /a",
+            baseline=longest_hold,
+            goal=ratio_at_most(2.0),
+            note=note,
+            extra={
+                "waits": waits,
+                "starved": starved,
+                "churn_pairs": sum(r["pairs"] for r in results),
+                "p50_hold": percentile([h for r in results for h in r["holds"]], 0.5),
+            },
+        )
+    ]
+
+
+def reaping(kit: StoreKit, count: int, say: Say) -> list[Figure]:
+    """``Reaper(backend).run()`` over ``count`` expired holders, against deleting them raw by id.
+
+    The per-holder INFO log lines of the reaper are muted while it runs: the
+    figure is the store work, not the terminal's.
+    """
+    say(f"{kit.name}: reaping {count:,} expired holders")
+    namespace = "bench-reap"
+    kit.fill(namespace, count, expired=True)
+    logger = logging.getLogger("django_esdlock")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        started = time.perf_counter()
+        report = Reaper(kit.backend, namespace=namespace).run()
+        elapsed = time.perf_counter() - started
+    finally:
+        logger.setLevel(level)
+    kit.fill(namespace, count, expired=True)
+    floor = _timed(lambda: kit.delete_raw(namespace, count))
+    evicted = len(report.evicted)
+    return [
+        Figure(
+            key=f"{kit.name}.reap",
+            backend=kit.name,
+            label=f"reap {count:,} expired holders",
+            value=elapsed,
+            unit="s",
+            baseline_label="raw bulk delete of them",
+            baseline=floor,
+            goal=value_at_most(5.0, "< 5 s") if count >= 10_000 else None,
+            note="" if evicted == count else f"the reaper removed {evicted:,} of {count:,}",
+            extra={"evicted": evicted},
+        )
+    ]

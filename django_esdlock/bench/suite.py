@@ -1,0 +1,138 @@
+"""One benchmark run: every store in turn, every figure, errors kept per stage so the rest still runs."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import platform
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from django.conf import settings
+
+from . import scenarios
+from .admin import changelist
+from .common import Figure
+from .kit import StoreKit
+from .stores import elasticsearch_store, elasticsearch_url, postgres_store
+from .workers import WorkerPool
+
+STORES = ("elasticsearch", "postgres")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What to measure and how long; see ``manage.py lock_bench --help``."""
+
+    stores: tuple[str, ...] = STORES
+    seconds: float = 3.0
+    workers: int = 8
+    depths: tuple[int, ...] = (1, 4, 16)
+    wake_rounds: int = 200
+    request_rounds: int = 20
+    reap_count: int = 10_000
+    admin_count: int = 100_000
+    es_url: str | None = None
+    database_url: str | None = None
+
+    @property
+    def churners(self) -> int:
+        """Processes below ``/a`` in the writer-wait figure: at least 4."""
+        return max(4, self.workers // 2)
+
+
+@dataclasses.dataclass
+class Report:
+    """The figures of a run, the stages that failed, and facts about the stores that help read them."""
+
+    options: Options
+    figures: list[Figure] = dataclasses.field(default_factory=list)
+    errors: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "options": dataclasses.asdict(self.options),
+            "facts": self.facts,
+            "figures": [f.as_dict() for f in self.figures],
+            "errors": self.errors,
+        }
+
+
+@contextlib.contextmanager
+def _kit(store: str, options: Options) -> Iterator[StoreKit]:
+    """Yield the kit of ``store`` on a throwaway index or database, removed afterwards."""
+    if store == "elasticsearch":
+        from .elasticsearch import ElasticsearchKit
+
+        with elasticsearch_url(options.es_url) as url, elasticsearch_store(url) as config:
+            kit: StoreKit = ElasticsearchKit(config)
+            try:
+                yield kit
+            finally:
+                kit.close()
+    else:
+        from .postgres import PostgresKit
+
+        with postgres_store(options.database_url) as config:
+            kit = PostgresKit(config)
+            try:
+                yield kit
+            finally:
+                kit.close()
+
+
+def _stages(kit: StoreKit, pool: WorkerPool, o: Options, say: Callable[[str], None]) -> dict[str, Callable[[], Any]]:
+    return {
+        "pairs": lambda: scenarios.pairs(kit, o.depths, o.seconds, say),
+        "requests": lambda: scenarios.requests(kit, o.depths, o.request_rounds, say),
+        "wakeup": lambda: scenarios.wakeup(kit, pool, o.wake_rounds, say),
+        "contention": lambda: scenarios.contention(kit, pool, o.workers, o.seconds, say),
+        "writer_wait": lambda: scenarios.writer_wait(kit, pool, o.churners, o.seconds, say),
+        "reap": lambda: scenarios.reaping(kit, o.reap_count, say),
+        "admin": lambda: changelist(kit, o.admin_count, say),
+    }
+
+
+def run(options: Options, say: Callable[[str], None] = lambda message: None) -> Report:
+    """Measure every figure on every store of ``options``; a failing stage is recorded, not raised."""
+    settings_module = getattr(settings, "SETTINGS_MODULE", None) or os.environ.get("DJANGO_SETTINGS_MODULE")
+    if not settings_module:
+        raise RuntimeError("lock_bench starts worker processes, which need DJANGO_SETTINGS_MODULE")
+    # The load average says whether something else shared the machine with the run.
+    report = Report(
+        options,
+        facts={"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_before": os.getloadavg()},
+    )
+    say(f"starting {max(options.workers, options.churners)} worker processes")
+    pool = WorkerPool(max(options.workers, options.churners), settings_module)
+    try:
+        for store in options.stores:
+            try:
+                with _kit(store, options) as kit:
+                    report.facts[store] = kit.facts()
+                    try:
+                        for stage, measure in _stages(kit, pool, options, say).items():
+                            try:
+                                report.figures += measure()
+                            except Exception as e:  # noqa: BLE001 - one broken figure must not hide the others
+                                report.errors.append({"store": store, "stage": stage, "error": _describe(e)})
+                                say(f"{store}: {stage} failed: {e}")
+                    finally:
+                        pool.forget(kit.config)
+            except Exception as e:  # noqa: BLE001 - the store could not be set up: the other may still run
+                report.errors.append({"store": store, "stage": "setup", "error": _describe(e)})
+                say(f"{store}: setup failed: {e}")
+    finally:
+        pool.close()
+    report.facts["loadavg_after"] = os.getloadavg()
+    return report
+
+
+def _describe(error: BaseException) -> str:
+    """The error and the line that raised it: enough to start looking, short enough for a table."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"

@@ -1,0 +1,228 @@
+"""Worker processes for the multi-process figures: contention, writer wait and wake-up latency.
+
+Workers are spawned (not forked) once per run and take one task at a time
+over a pipe, so that each figure does not pay for starting Django again.
+Times cross process boundaries as ``time.monotonic()`` readings: on Linux
+that clock is one clock for every process of the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import random
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+SPAWN = multiprocessing.get_context("spawn")
+
+START_TIMEOUT = 120.0
+
+
+class WorkerError(RuntimeError):
+    """A task failed in a worker process; the message carries its traceback."""
+
+
+# --- tasks (run in the workers) -------------------------------------------------
+
+
+def contend(backend: Any, conn: Connection, *, paths: list[str], namespace: str, stop_at: float) -> dict[str, Any]:
+    """Take X on a random one of ``paths`` and give it back, as fast as possible, until ``stop_at``.
+
+    Return the pairs finished before ``stop_at`` and every wait (time in
+    ``acquire()``). A wait still going at ``stop_at`` ends there, counted as
+    a wait but not as a pair.
+    """
+    from ..exceptions import LockTimeout
+    from ..locks import lock_tree
+
+    began = time.monotonic()
+    pairs, waits = 0, []
+    while (started := time.monotonic()) < stop_at:
+        lock = lock_tree(random.choice(paths), namespace=namespace, timeout=stop_at - started, backend=backend)
+        try:
+            lock.acquire()
+        except LockTimeout:
+            waits.append(time.monotonic() - started)
+            break
+        waits.append(time.monotonic() - started)
+        lock.release()
+        if time.monotonic() <= stop_at:
+            pairs += 1
+    return {"pairs": pairs, "waits": waits, "began": began}
+
+
+def churn(backend: Any, conn: Connection, *, paths: list[str], namespace: str, hold: float) -> dict[str, Any]:
+    """Take X on random ``paths``, hold each ``hold`` seconds, until told "stop"; report the holds.
+
+    Sends "started" after the first pair, so the caller knows the churn runs.
+    A hold lasts from the return of ``acquire()`` to the return of ``release()``.
+    """
+    from ..locks import lock_tree
+
+    holds: list[float] = []
+    while not conn.poll():
+        lock = lock_tree(random.choice(paths), namespace=namespace, backend=backend).acquire()
+        granted = time.monotonic()
+        time.sleep(hold)
+        lock.release()
+        holds.append(time.monotonic() - granted)
+        if len(holds) == 1:
+            conn.send("started")
+    conn.recv()  # the "stop"
+    return {"pairs": len(holds), "longest_hold": max(holds, default=0.0), "holds": holds}
+
+
+def wake(backend: Any, conn: Connection, *, path: str, namespace: str) -> int:
+    """Each round: on "go", say "waiting", block for X on ``path``, send the grant's monotonic time, release.
+
+    Ends on "stop"; returns the number of rounds.
+    """
+    from ..locks import lock_tree
+
+    rounds = 0
+    while conn.recv() == "go":
+        lock = lock_tree(path, namespace=namespace, timeout=None, backend=backend)
+        conn.send("waiting")
+        lock.acquire()
+        granted = time.monotonic()
+        lock.release()
+        conn.send(granted)
+        rounds += 1
+    return rounds
+
+
+TASKS: dict[str, Callable[..., Any]] = {"contend": contend, "churn": churn, "wake": wake}
+
+
+def _serve(settings_module: str, conn: Connection) -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = settings_module
+    import django
+
+    django.setup()
+    from ..conf import load_backend
+
+    backends: dict[str, Any] = {}
+    conn.send("ready")
+    try:
+        while True:
+            message = conn.recv()
+            if message[0] == "quit":
+                return
+            if message[0] == "forget":
+                backend = backends.pop(json.dumps(message[1], sort_keys=True), None)
+                if backend is not None:
+                    backend.close()
+                conn.send("forgotten")
+                continue
+            _, task, config, kwargs = message
+            key = json.dumps(config, sort_keys=True)
+            if key not in backends:
+                backends[key] = load_backend(config)
+            try:
+                conn.send(("done", TASKS[task](backends[key], conn, **kwargs)))
+            except Exception:  # noqa: BLE001 - reported to the parent, which raises it
+                conn.send(("error", traceback.format_exc()))
+    finally:
+        for backend in backends.values():
+            with contextlib.suppress(Exception):
+                backend.close()
+
+
+class WorkerPool:
+    """``size`` spawned processes running tasks of :data:`TASKS` against lock configs.
+
+    The children set Django up from ``settings_module`` (the parent's
+    ``DJANGO_SETTINGS_MODULE``); they inherit ``sys.path`` through spawn.
+    """
+
+    def __init__(self, size: int, settings_module: str) -> None:
+        self.conns: list[Connection] = []
+        self.processes: list[Any] = []
+        self._busy: set[int] = set()
+        for _ in range(size):
+            parent, child = SPAWN.Pipe()
+            process = SPAWN.Process(target=_serve, args=(settings_module, child), daemon=True)
+            process.start()
+            child.close()
+            self.conns.append(parent)
+            self.processes.append(process)
+        # Wait for Django in every worker: a timed task must not pay for it.
+        for conn in self.conns:
+            if self.receive(conn) != "ready":
+                raise WorkerError("a worker did not start")
+
+    def start(self, task: str, config: dict[str, Any], count: int, **kwargs: Any) -> list[Connection]:
+        """Start ``task`` on the first ``count`` workers; return their pipes (for the task's own messages)."""
+        if count > len(self.conns):
+            raise ValueError(f"the pool has {len(self.conns)} workers, not {count}")
+        conns = self.conns[:count]
+        for conn in conns:
+            self._settle(conn)
+            conn.send(("run", task, config, kwargs))
+            self._busy.add(id(conn))
+        return conns
+
+    def _settle(self, conn: Connection) -> None:
+        """Wait out a task a failed figure left running, dropping what it still sends."""
+        while id(conn) in self._busy:
+            with contextlib.suppress(WorkerError):
+                message = self.receive(conn)
+                if not (isinstance(message, tuple) and message[0] == "done"):
+                    continue
+            self._busy.discard(id(conn))
+
+    @staticmethod
+    def receive(conn: Connection, timeout: float = START_TIMEOUT) -> Any:
+        """Return the next message of a task; raise WorkerError if the task failed or stays silent."""
+        try:
+            if not conn.poll(timeout):
+                raise WorkerError(f"a worker sent nothing for {timeout:g}s")
+            message = conn.recv()
+        except EOFError as e:
+            raise WorkerError("a worker process exited") from e
+        if isinstance(message, tuple) and message and message[0] == "error":
+            raise WorkerError(message[1])
+        return message
+
+    def results(self, conns: list[Connection], timeout: float = START_TIMEOUT) -> list[Any]:
+        """Wait for the task on each of ``conns`` to finish; return what each returned."""
+        values = []
+        for conn in conns:
+            try:
+                message = self.receive(conn, timeout)
+            except WorkerError:
+                self._busy.discard(id(conn))  # the task ended, in failure
+                raise
+            if not (isinstance(message, tuple) and message[0] == "done"):
+                raise WorkerError(f"a worker sent {message!r} where its result was due")
+            self._busy.discard(id(conn))
+            values.append(message[1])
+        return values
+
+    def run(self, task: str, config: dict[str, Any], count: int, **kwargs: Any) -> list[Any]:
+        """Run ``task`` on ``count`` workers at once and return their results."""
+        return self.results(self.start(task, config, count, **kwargs))
+
+    def forget(self, config: dict[str, Any]) -> None:
+        """Make every worker close its backend of ``config``, before the store goes away under it."""
+        for conn in self.conns:
+            self._settle(conn)
+            conn.send(("forget", config))
+        for conn in self.conns:
+            self.receive(conn)
+
+    def close(self) -> None:
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.send(("quit",))
+        for process in self.processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join()

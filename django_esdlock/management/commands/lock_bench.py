@@ -1,0 +1,105 @@
+"""manage.py lock_bench: measure the lock stores, every figure next to a baseline from the same run."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ...bench.common import format_facts, format_table
+from ...bench.suite import STORES, Options, run
+
+QUICK = {"seconds": 0.2, "wake_rounds": 5, "request_rounds": 3, "reap_count": 200, "admin_count": 1000}
+"""``--quick``: enough of every figure to prove the command works (CI), too little to mean anything."""
+
+MAX_DEPTH = 64  # the longest path a lock takes (paths.py)
+
+
+def _depths(value: str) -> tuple[int, ...]:
+    depths = tuple(sorted({int(part) for part in value.split(",") if part.strip()}))
+    if not depths or depths[0] < 1 or depths[-1] > MAX_DEPTH:
+        raise ValueError(value)
+    return depths
+
+
+def _positive(kind: type) -> Any:
+    def parse(value: str) -> Any:
+        number = kind(value)
+        if not number > 0:
+            raise ValueError(value)
+        return number
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark the lock stores (a throwaway Elasticsearch index, a throwaway PostgreSQL database): "
+        "tree lock pairs/s by depth against raw store operations, requests per acquire, wake-up latency, "
+        "contention, writer wait, reaping and the admin changelist; one table of figures and baselines."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--backend", choices=[*STORES, "all"], default="all", help="Store(s) to measure.")
+        parser.add_argument(
+            "--seconds",
+            type=_positive(float),
+            help="Seconds each timed operation runs (default 3; 0.2 with --quick).",
+        )
+        parser.add_argument("--workers", type=_positive(int), default=8, help="Contending processes (default 8).")
+        parser.add_argument(
+            "--depth", type=_depths, default=(1, 4, 16), metavar="D,D,...", help="Tree depths (default 1,4,16)."
+        )
+        parser.add_argument("--quick", action="store_true", help="A few seconds in all, for CI; figures mean little.")
+        parser.add_argument("--json", action="store_true", help="Print the figures as JSON instead of a table.")
+        parser.add_argument("--plot", metavar="PNG", help="Also draw the figures into this PNG (needs matplotlib).")
+        parser.add_argument("--es-url", help="Elasticsearch URL (default ELASTICSEARCH_URL, else a local noida-db).")
+        parser.add_argument(
+            "--database-url",
+            help="PostgreSQL server URL; a throwaway database is created there "
+            "(default DATABASE_URL, else postgres://postgres@127.0.0.1:5432/test).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["plot"]:
+            try:
+                import matplotlib  # noqa: F401 - fail before minutes of measuring, not after
+            except ImportError as e:
+                raise CommandError("--plot needs matplotlib: pip install matplotlib") from e
+        sizes = dict(QUICK) if options["quick"] else {}
+        if options["seconds"] is not None:
+            sizes["seconds"] = options["seconds"]
+        bench_options = Options(
+            stores=STORES if options["backend"] == "all" else (options["backend"],),
+            workers=options["workers"],
+            depths=options["depth"],
+            es_url=options["es_url"],
+            database_url=options["database_url"],
+            **sizes,
+        )
+        verbose = options["verbosity"] >= 1
+
+        def say(message: str) -> None:
+            if verbose:
+                self.stderr.write(message)
+
+        try:
+            report = run(bench_options, say)
+        except RuntimeError as e:
+            raise CommandError(str(e)) from e
+        if options["json"]:
+            self.stdout.write(json.dumps(report.as_dict(), indent=2, ensure_ascii=False, allow_nan=False))
+        else:
+            self.stdout.write(format_table(report.figures))
+            self.stdout.write(f"\nmachine: {format_facts(report.facts)}")
+            for error in report.errors:
+                self.stdout.write(self.style.ERROR(f"{error['store']} {error['stage']} failed: {error['error']}"))
+        if options["plot"]:
+            from ...bench.plot import plot
+
+            plot(report, options["plot"])
+            say(f"wrote {options['plot']}")
+        if report.errors:
+            raise CommandError(f"{len(report.errors)} figure(s) could not be measured; see above")

@@ -1,0 +1,123 @@
+"""manage.py lock_bench runs end to end in its quick mode and reports every figure; speed is never asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import math
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_esdlock.bench.common import Figure, format_table, ratio_at_least
+from django_esdlock.bench.suite import Options, Report
+
+DEPTHS = (1, 4)
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def expected_keys(store: str) -> set[str]:
+    baselines = ("raw", "naive") if store == "elasticsearch" else ("row", "advisory")
+    return {
+        *(f"{store}.pair.d{d}.vs_{b}" for d in DEPTHS for b in baselines),
+        *(f"{store}.requests.d{d}" for d in DEPTHS),
+        f"{store}.wakeup.p50",
+        f"{store}.wakeup.p99",
+        f"{store}.contention.pairs",
+        f"{store}.contention.longest_wait",
+        f"{store}.writer_wait",
+        f"{store}.reap",
+        f"{store}.admin_changelist",
+    }
+
+
+@pytest.fixture
+def _lock_connections(django_db_blocker):
+    """The lock backends open connections of their own; pytest-django blocks them unless told."""
+    with django_db_blocker.unblock():
+        yield
+
+
+@pytest.mark.usefixtures("_lock_connections")
+def test_quick_run_reports_every_figure_next_to_its_baseline(es_url, tmp_path):
+    png = tmp_path / "bench.png"
+    out = io.StringIO()
+    args = ["--quick", "--json", "--workers", "4", "--depth", ",".join(map(str, DEPTHS)), "--es-url", es_url]
+    call_command(
+        "lock_bench", *args, *(["--plot", str(png)] if HAS_MATPLOTLIB else []), stdout=out, stderr=io.StringIO()
+    )
+
+    report = json.loads(out.getvalue())
+    assert report["errors"] == []
+    figures = {f["key"]: f for f in report["figures"]}
+    assert set(figures) == expected_keys("elasticsearch") | expected_keys("postgres")
+    for key, figure in figures.items():
+        assert figure["value"] is not None and figure["baseline"] is not None, key
+        assert figure["baseline"] > 0 and math.isclose(
+            figure["ratio"], figure["value"] / figure["baseline"], rel_tol=1e-3
+        )
+    # Exact, not timed: one bulk per acquire on Elasticsearch, the same round trips at every depth on PostgreSQL.
+    assert figures["elasticsearch.requests.d4"]["value"] == 1
+    assert figures["postgres.requests.d4"]["value"] == figures["postgres.requests.d1"]["value"]
+    # The reaper removed every filled holder; the admin showed a first page, not everything.
+    assert figures["postgres.reap"]["extra"]["evicted"] == report["options"]["reap_count"]
+    assert figures["elasticsearch.reap"]["extra"]["evicted"] == report["options"]["reap_count"]
+    assert figures["postgres.admin_changelist"]["extra"]["paged"] is True
+    assert figures["elasticsearch.admin_changelist"]["extra"]["paged"] is True
+    if HAS_MATPLOTLIB:
+        assert png.read_bytes().startswith(PNG_SIGNATURE)
+
+
+@pytest.mark.usefixtures("_lock_connections")
+def test_a_store_that_cannot_be_set_up_fails_the_command():
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="could not be measured"):
+        call_command(
+            "lock_bench",
+            "--quick",
+            "--backend",
+            "postgres",
+            "--workers",
+            "1",
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/nowhere",
+            stdout=out,
+            stderr=io.StringIO(),
+        )
+    assert "postgres setup failed" in out.getvalue()
+
+
+def test_table_puts_each_figure_beside_its_baseline_and_goal():
+    figures = [
+        Figure(
+            "es.pair",
+            "elasticsearch",
+            "tree lock pairs/s, depth 4",
+            300.0,
+            "/s",
+            "raw pair",
+            400.0,
+            ratio_at_least(0.8),
+        ),
+        Figure("pg.wait", "postgres", "writer wait", 0.004, "s", "longest hold", float("nan")),
+    ]
+    lines = format_table(figures).splitlines()
+    assert "300/s" in lines[2] and "400/s" in lines[2] and "0.75x" in lines[2] and "MISSED" in lines[2]
+    assert "4.00 ms" in lines[4] and "n/a" in lines[4]
+
+
+def test_plot_draws_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from django_esdlock.bench.plot import plot
+
+    figures = [
+        Figure(f"{store}.pair.d{d}.vs_{b}", store, f"tree lock pairs/s, depth {d}", 100.0 / d, "/s", b, 200.0)
+        for store, baselines in (("elasticsearch", ("raw", "naive")), ("postgres", ("row", "advisory")))
+        for b in baselines
+        for d in DEPTHS
+    ]
+    png = tmp_path / "chart.png"
+    plot(Report(Options(depths=DEPTHS), figures, facts={"cpus": 2}), str(png))
+    assert png.read_bytes().startswith(PNG_SIGNATURE)
