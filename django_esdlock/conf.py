@@ -52,7 +52,9 @@ def parse_url(url: str) -> dict[str, Any]:
         options.update(query)
         config.update(BACKEND=ELASTICSEARCH_BACKEND, OPTIONS=options)
     elif parts.scheme in _DB_SCHEMES:
-        config.update(BACKEND=DATABASE_BACKEND, OPTIONS={"url": url})
+        # ttl is ours; every other query parameter belongs to the database URL.
+        rest = urllib.parse.urlencode([(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "ttl"])
+        config.update(BACKEND=DATABASE_BACKEND, OPTIONS={"url": urllib.parse.urlunsplit(parts._replace(query=rest))})
     else:
         raise InvalidLockBackend(
             f"LOCK_BACKEND URL scheme {parts.scheme!r} is not one of "

@@ -6,8 +6,9 @@ import pytest
 
 from django_esdlock.conf import load_backend
 
+from .dbstores import postgres_store, sqlite_store
 from .peer import Peer
-from .stores import elasticsearch_url
+from .stores import elasticsearch_url, es_config
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +32,22 @@ def peer(lock_config):
     peer = Peer(lock_config)
     yield peer
     peer.close()
+
+
+STORES = ["elasticsearch", "postgres", "sqlite"]
+
+
+@pytest.fixture(params=STORES)
+def store_config(request, django_db_blocker):
+    """A LOCK_BACKEND config on a fresh, empty store of each kind, removed afterwards."""
+    if request.param == "elasticsearch":
+        config = es_config(request.getfixturevalue("es_url"))
+        yield config
+        backend = load_backend(config)
+        backend.client.options(ignore_status=404).indices.delete(index=config["OPTIONS"]["index"])
+        backend.close()
+        return
+    store = postgres_store if request.param == "postgres" else sqlite_store
+    # The database backend opens its own connections, which pytest-django blocks by default.
+    with django_db_blocker.unblock(), store() as config:
+        yield config

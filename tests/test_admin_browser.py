@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from django_esdlock.conf import load_backend
-
 from .admin_support import staff_user
 from .browser import chromium_page, screenshot
 from .contract import all_holders
-from .stores import es_config
 
 
 @pytest.fixture
-def lock_config(es_url, settings):
-    config = es_config(es_url)
-    settings.LOCK_BACKEND = config
-    yield config
-    backend = load_backend(config)
-    backend.client.options(ignore_status=404).indices.delete(index=config["OPTIONS"]["index"])
-    backend.close()
+def lock_config(store_config, settings):
+    settings.LOCK_BACKEND = store_config
+    return store_config
 
 
 @pytest.mark.django_db(transaction=True)

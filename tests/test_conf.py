@@ -28,6 +28,8 @@ def test_database_urls_name_the_database_backend():
         "url": "postgres://postgres@127.0.0.1:5432/test"
     }
     assert parse_url("sqlite:////tmp/locks.sqlite3")["BACKEND"].endswith("DatabaseLockBackend")
+    config = parse_url("postgres://u@db/locks?ttl=9&sslmode=require")
+    assert config["TTL"] == 9.0 and config["OPTIONS"] == {"url": "postgres://u@db/locks?sslmode=require"}
 
 
 @pytest.mark.parametrize(

@@ -7,17 +7,12 @@ import pytest
 from django_esdlock.conf import load_backend
 
 from .contract import all_holders
-from .stores import es_config
 from .stress import run_stress
 
 
-@pytest.fixture(params=["elasticsearch"])
-def stress_config(request, es_url):
-    config = es_config(es_url)
-    yield config
-    backend = load_backend(config)
-    backend.client.options(ignore_status=404).indices.delete(index=config["OPTIONS"]["index"])
-    backend.close()
+@pytest.fixture
+def stress_config(store_config):
+    return store_config
 
 
 @pytest.mark.slow
