@@ -12,11 +12,12 @@ from typing import Any
 
 from django.conf import settings
 
+from ..noida import elasticsearch_url
 from . import scenarios
 from .admin import changelist
 from .common import Figure
 from .kit import StoreKit
-from .stores import elasticsearch_store, elasticsearch_url, postgres_store
+from .stores import elasticsearch_store, postgres_store
 from .workers import WorkerPool
 
 STORES = ("elasticsearch", "postgres")

@@ -15,9 +15,9 @@ from django.test.utils import override_settings
 from elasticsearch import ApiError, TransportError
 
 from django_esdlock import get_backend
+from django_esdlock.noida import NoidaUnavailable, local_elasticsearch
 
 from ...documents import fs_index
-from ...noida import NoidaUnavailable, local_elasticsearch
 
 
 @contextlib.contextmanager

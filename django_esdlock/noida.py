@@ -1,18 +1,24 @@
-"""Starts the local Elasticsearch-compatible server (noida-db) the demo uses when none is configured."""
+"""Starts noida-db, the Elasticsearch-compatible server of the tests, the benchmark and the demo.
+
+noida-db is a development and test tool (the ``dev`` extra), never a runtime
+dependency: it is imported only when a server is started.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-PID_FILE = "demo-server.pid"
+PID_FILE = "noida-server.pid"
 
 
 class NoidaUnavailable(RuntimeError):
@@ -85,36 +91,55 @@ def _stop_leftover(data_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def local_elasticsearch(data_dir: Path, *, port: int = 9200) -> Iterator[str]:
+def local_elasticsearch(data_dir: Path | None = None, *, port: int = 0) -> Iterator[str]:
     """Run noida-db's Elasticsearch on ``port`` (a free one if taken, or if 0); yield its URL; stop it after.
 
-    Data persists in ``data_dir``. The server runs in its own session, so a
-    Ctrl-C meant for the dev server does not kill it before we stop it.
+    Data persists in ``data_dir`` (a server left there by a killed earlier run
+    is stopped first); without one, a temporary directory is used and removed.
+    The server runs in its own session, so a Ctrl-C meant for a dev server
+    does not kill it before we stop it.
     """
     binary = _binary()
-    data_dir = data_dir.resolve()
+    temporary = data_dir is None
+    data_dir = Path(tempfile.mkdtemp(prefix="esdlock-noida-")) if temporary else data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     _stop_leftover(data_dir)
     if port == 0 or not port_is_free(port):
         port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [binary, "start", "--only", "elasticsearch", "--elasticsearch-port", str(port), "--data-dir"]
-    with open(data_dir / "server.log", "ab") as log:
-        process = subprocess.Popen(
-            [*command, str(data_dir)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        (data_dir / PID_FILE).write_text(f"{process.pid}\n")
-        try:
-            wait_until_up(url, process)
-            yield url
-        finally:
-            process.terminate()
+    try:
+        with open(data_dir / "server.log", "ab") as log:
+            process = subprocess.Popen(
+                [*command, str(data_dir)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            (data_dir / PID_FILE).write_text(f"{process.pid}\n")
             try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            (data_dir / PID_FILE).unlink(missing_ok=True)
+                wait_until_up(url, process)
+                yield url
+            finally:
+                process.terminate()
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+                (data_dir / PID_FILE).unlink(missing_ok=True)
+    finally:
+        if temporary:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def elasticsearch_url(url: str | None = None) -> Iterator[str]:
+    """Yield ``url``, else ``ELASTICSEARCH_URL``, else the URL of a noida-db started for the duration."""
+    url = url or os.environ.get("ELASTICSEARCH_URL")
+    if url:
+        wait_until_up(url)
+        yield url.rstrip("/")
+    else:
+        with local_elasticsearch() as started:
+            yield started
