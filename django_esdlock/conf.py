@@ -52,9 +52,11 @@ def parse_url(url: str) -> dict[str, Any]:
         options.update(query)
         config.update(BACKEND=ELASTICSEARCH_BACKEND, OPTIONS=options)
     elif parts.scheme in _DB_SCHEMES:
-        # ttl is ours; every other query parameter belongs to the database URL.
+        # ttl is ours; every other query parameter belongs to the database URL. (Cut the
+        # query by hand: urlunsplit would turn sqlite:////abs/path into sqlite://abs/path.)
+        base = url.split("?", 1)[0]
         rest = urllib.parse.urlencode([(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "ttl"])
-        config.update(BACKEND=DATABASE_BACKEND, OPTIONS={"url": urllib.parse.urlunsplit(parts._replace(query=rest))})
+        config.update(BACKEND=DATABASE_BACKEND, OPTIONS={"url": f"{base}?{rest}" if rest else base})
     else:
         raise InvalidLockBackend(
             f"LOCK_BACKEND URL scheme {parts.scheme!r} is not one of "

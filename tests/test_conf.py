@@ -30,6 +30,7 @@ def test_database_urls_name_the_database_backend():
     assert parse_url("sqlite:////tmp/locks.sqlite3")["BACKEND"].endswith("DatabaseLockBackend")
     config = parse_url("postgres://u@db/locks?ttl=9&sslmode=require")
     assert config["TTL"] == 9.0 and config["OPTIONS"] == {"url": "postgres://u@db/locks?sslmode=require"}
+    assert parse_url("sqlite:////tmp/locks.sqlite3?ttl=5")["OPTIONS"] == {"url": "sqlite:////tmp/locks.sqlite3"}
 
 
 @pytest.mark.parametrize(

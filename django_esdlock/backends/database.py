@@ -297,7 +297,7 @@ class DatabaseLockBackend(BaseLockBackend):
         settings_dict = self._base_settings()
         try:
             wrapper_class = load_backend(settings_dict["ENGINE"]).DatabaseWrapper
-        except ImproperlyConfigured as e:
+        except (ImproperlyConfigured, ImportError) as e:  # some Django versions let a driver's ImportError out
             raise ImproperlyConfigured(
                 f"DatabaseLockBackend cannot load database engine {settings_dict['ENGINE']!r}: {e}"
             ) from e
