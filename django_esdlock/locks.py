@@ -206,6 +206,7 @@ class Lock(contextlib.ContextDecorator):
         _renewer.remove(self)
         _registry.remove(self)
         was_lost = self.lost
+        already_signalled = self._lost_reason is not None
         try:
             still_held = self.backend.release(grant)
         finally:
@@ -217,7 +218,8 @@ class Lock(contextlib.ContextDecorator):
         logger.debug("released %r", self)
         signals.lock_released.send(sender=type(self), lock=self)
         if self._lost_reason is not None:
-            signals.lock_lost.send(sender=type(self), lock=self, reason=self._lost_reason)
+            if not already_signalled:  # the renewer sent it when it noticed
+                signals.lock_lost.send(sender=type(self), lock=self, reason=self._lost_reason)
             raise LockLost(f"{self!r} was lost before release: {self._lost_reason}")
 
     def checkpoint(self, data: Mapping[str, Any]) -> None:
