@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from django.core import checks
@@ -179,7 +179,3 @@ def backoff_delay(attempt: int, *, initial: float = BACKOFF_INITIAL, cap: float 
     """Return the sleep before retry ``attempt`` (0-based): capped exponential, equal jitter."""
     ceiling = min(cap, initial * (2 ** min(attempt, 30)))
     return random.uniform(ceiling / 2, ceiling)
-
-
-def unique_nodes(targets: Iterable[tuple[Node, Any]]) -> list[Node]:
-    return sorted({node for node, _ in targets}, key=lambda node: node.id)
