@@ -24,7 +24,7 @@ from .held_lock import HeldLock
 from .modes import Mode
 from .paths import ancestors, normalize_namespace, normalize_path
 from .reaper import Reaper
-from .records import HolderRecord, Kind, Node
+from .records import HolderRecord, Kind, Node, main_record
 
 _EXPIRED_CHOICES = {"yes": True, "no": False}
 
@@ -248,7 +248,7 @@ class HeldLockAdmin(admin.ModelAdmin):
                 self.message_user(request, f"Releasing {holder_id} failed: {e}", messages.ERROR)
                 continue
             released += 1
-            main = next((r for r in records if r.mode in (Mode.S, Mode.X)), records[-1])
+            main = main_record(records)
             LogEntry.objects.create(
                 user_id=request.user.pk,
                 content_type=content_type,

@@ -13,7 +13,7 @@ from typing import Any
 from . import signals
 from .backends.base import BaseLockBackend
 from .locks import Lock
-from .records import HolderRecord, Owner, process_start
+from .records import HolderRecord, Owner, main_record, process_start
 from .recovery import get_handler
 
 logger = logging.getLogger("django_esdlock")
@@ -81,11 +81,6 @@ def _by_holder(records: Iterable[HolderRecord]) -> dict[str, list[HolderRecord]]
     for record in records:
         groups.setdefault(record.holder_id, []).append(record)
     return groups
-
-
-def _main_record(records: list[HolderRecord]) -> HolderRecord:
-    """The record of the node the holder meant to lock (its S/X node), for reports."""
-    return next((r for r in records if r.mode.value in ("S", "X")), records[-1])
 
 
 class Reaper:
@@ -156,7 +151,7 @@ class Reaper:
         self.progress("dead_local", len(report.dead_local))
 
     def _recover(self, records: list[HolderRecord], report: ReapReport, *, require_expired: bool) -> None:
-        main = _main_record(records)
+        main = main_record(records)
         intent = dict(main.intent or {})
         handler = get_handler(intent.get("op"))
         if handler is None:

@@ -10,10 +10,10 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .modes import Mode
+from .modes import Mode, is_grant
 
 MAX_NODE_ID_BYTES = 512
 """Elasticsearch's ``_id`` limit; longer node ids are replaced by a digest."""
@@ -178,6 +178,11 @@ class HolderRecord:
             "checkpoint": self.checkpoint,
             "recovery": self.recovery,
         }
+
+
+def main_record(records: Sequence[HolderRecord]) -> HolderRecord:
+    """Return the record of the node a holder meant to lock (its S or X node), else its last one."""
+    return next((r for r in records if is_grant(r.mode)), records[-1])
 
 
 @dataclasses.dataclass(frozen=True)

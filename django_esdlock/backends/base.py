@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from django.core import checks
 
 from ..modes import Mode
-from ..records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner
+from ..records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner, main_record
 
 
 class BaseLockBackend(abc.ABC):
@@ -169,6 +169,25 @@ class BaseLockBackend(abc.ABC):
     def describe(self) -> str:
         """Return a short human description of the store, for the admin and logs."""
         return type(self).__name__
+
+
+def takeover_request(
+    records: Sequence[HolderRecord], owner: Owner, ttl: float
+) -> tuple[list[HolderRecord], HolderRecord, LockRequest]:
+    """Return a holder's records in node order, its arbiter record and the request that takes it over."""
+    records = sorted(records, key=lambda r: r.node.id)
+    holder_ids = {r.holder_id for r in records}
+    if len(holder_ids) != 1:
+        raise ValueError(f"take_over needs the records of exactly one holder, got {sorted(holder_ids)}")
+    arbiter = main_record(records)
+    request = LockRequest(
+        holder_id=arbiter.holder_id,
+        owner=owner,
+        targets=tuple((r.node, r.mode) for r in records),
+        ttl=ttl,
+        intent=arbiter.intent,
+    )
+    return records, arbiter, request
 
 
 BACKOFF_INITIAL = 0.005

@@ -50,7 +50,7 @@ from .. import modes, paths
 from ..exceptions import LockBackendUnavailable
 from ..modes import Mode
 from ..records import Grant, HolderPage, HolderRecord, Kind, LockRequest, Node, Owner, from_epoch_ms
-from .base import BaseLockBackend, backoff_delay
+from .base import BaseLockBackend, backoff_delay, takeover_request
 from .database_sql import NOTIFY_CHANNEL, SETUP_LOCK_KEY, PostgresSQL, SQLiteSQL
 
 logger = logging.getLogger("django_esdlock")
@@ -684,18 +684,7 @@ class DatabaseLockBackend(BaseLockBackend):
         recovery: dict[str, Any],
         require_expired: bool = True,
     ) -> Grant | None:
-        records = sorted(records, key=lambda r: r.node.id)
-        holder_ids = {r.holder_id for r in records}
-        if len(holder_ids) != 1:
-            raise ValueError(f"take_over needs the records of exactly one holder, got {sorted(holder_ids)}")
-        arbiter = next((r for r in records if modes.is_grant(r.mode)), records[-1])
-        request = LockRequest(
-            holder_id=arbiter.holder_id,
-            owner=owner,
-            targets=tuple((r.node, r.mode) for r in records),
-            ttl=ttl,
-            intent=arbiter.intent,
-        )
+        records, arbiter, request = takeover_request(records, owner, ttl)
         ids = [r.node.id for r in records]
         params = {
             "arbiter": arbiter.node.id,
