@@ -274,6 +274,19 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 if not self._index_ready:
                     self.setup()
 
+    def _scripted(
+        self, node_id: str, source: str, params: dict[str, Any], *, fields: list[str] | None = None, **body: Any
+    ) -> list[dict[str, Any]]:
+        """Return the two ``_bulk`` lines of a scripted update of one node, retried on conflict.
+
+        ``fields`` asks for those source fields back; ``body`` adds to the
+        update (``scripted_upsert``, ``upsert``).
+        """
+        header: dict[str, Any] = {"_index": self.index, "_id": node_id, "retry_on_conflict": RETRY_ON_CONFLICT}
+        if fields:
+            header["_source"] = fields
+        return [{"update": header}, {"script": {"source": source, "lang": "painless", "params": params}, **body}]
+
     def _bulk(self, operations: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:
         with self._translate(action):
             return self.client.bulk(operations=operations)["items"]
@@ -285,9 +298,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
         holder = {"id": request.holder_id, "owner": request.owner.as_dict()}
         if request.intent is not None:
             holder["intent"] = request.intent
-        header: dict[str, Any] = {"_index": self.index, "retry_on_conflict": RETRY_ON_CONFLICT}
-        if request.reentrant or request.ticket is not None:
-            header["_source"] = ["holders.id", "holders.owner.key", "holders.mode"]
+        fields = ["holders.id", "holders.owner.key", "holders.mode"]
+        fields_back = fields if request.reentrant or request.ticket is not None else None
         operations: list[dict[str, Any]] = []
         for node, mode in request.targets:
             parent = paths.parent(node.key) if node.kind is Kind.TREE else None
@@ -306,13 +318,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
                     "depth": node.key.count("/") if node.kind is Kind.TREE else 0,
                 },
             }
-            operations.append({"update": {**header, "_id": node.id}})
-            operations.append(
-                {
-                    "script": {"source": scripts.ACQUIRE, "lang": "painless", "params": params},
-                    "scripted_upsert": True,
-                    "upsert": {},
-                }
+            operations += self._scripted(
+                node.id, scripts.ACQUIRE, params, fields=fields_back, scripted_upsert=True, upsert={}
             )
         try:
             items = self._bulk(operations, "acquire")
@@ -329,14 +336,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
         return Grant(request=request, token=outcome.token, taken=tuple(outcome.taken))
 
     def withdraw(self, request: LockRequest) -> None:
-        operations: list[dict[str, Any]] = []
-        for node, _ in request.targets:
-            operations.append(
-                {"update": {"_index": self.index, "_id": node.id, "retry_on_conflict": RETRY_ON_CONFLICT}}
-            )
-            operations.append(
-                {"script": {"source": scripts.WITHDRAW, "lang": "painless", "params": {"holder_id": request.holder_id}}}
-            )
+        params = {"holder_id": request.holder_id}
+        operations = [op for node, _ in request.targets for op in self._scripted(node.id, scripts.WITHDRAW, params)]
         self._bulk(operations, "withdraw waiting markers")
 
     def release(self, grant: Grant) -> bool:
@@ -352,12 +353,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         if not nodes:
             return True
         params = {"holder_id": holder_id, "owner_key": owner_key}
-        operations: list[dict[str, Any]] = []
-        for node in nodes:
-            operations.append(
-                {"update": {"_index": self.index, "_id": node.id, "retry_on_conflict": RETRY_ON_CONFLICT}}
-            )
-            operations.append({"script": {"source": scripts.RELEASE, "lang": "painless", "params": params}})
+        operations = [op for node in nodes for op in self._scripted(node.id, scripts.RELEASE, params)]
         try:
             items = self._bulk(operations, "release")
         except LockBackendUnavailable:
@@ -392,12 +388,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
             "checkpoint": checkpoint,
             "recovery": recovery,
         }
-        operations: list[dict[str, Any]] = []
-        for node in grant.taken:
-            operations.append(
-                {"update": {"_index": self.index, "_id": node.id, "retry_on_conflict": RETRY_ON_CONFLICT}}
-            )
-            operations.append({"script": {"source": scripts.RENEW, "lang": "painless", "params": params}})
+        operations = [op for node in grant.taken for op in self._scripted(node.id, scripts.RENEW, params)]
         if not operations:
             return True
         items = self._bulk(operations, "renew")
@@ -501,13 +492,10 @@ class ElasticsearchLockBackend(BaseLockBackend):
         by_node: dict[str, list[HolderRecord]] = {}
         for record in found:
             by_node.setdefault(record.node.id, []).append(record)
-        operations: list[dict[str, Any]] = []
-        for node_id in by_node:
-            header = {"_index": self.index, "_id": node_id, "retry_on_conflict": RETRY_ON_CONFLICT}
-            operations.append({"update": {**header, "_source": ["holders.id"]}})
-            operations.append(
-                {"script": {"source": scripts.EVICT, "lang": "painless", "params": {"grace_ms": grace_ms}}}
-            )
+        params = {"grace_ms": grace_ms}
+        operations = [
+            op for node_id in by_node for op in self._scripted(node_id, scripts.EVICT, params, fields=["holders.id"])
+        ]
         items = self._bulk(operations, "evict expired holders")
         evicted: list[HolderRecord] = []
         for records, item in zip(by_node.values(), items, strict=True):
@@ -572,14 +560,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
         }
 
         def operations(batch: Sequence[HolderRecord], expected_owner_key: str | None) -> list[dict[str, Any]]:
-            ops: list[dict[str, Any]] = []
-            for record in batch:
-                ops.append(
-                    {"update": {"_index": self.index, "_id": record.node.id, "retry_on_conflict": RETRY_ON_CONFLICT}}
-                )
-                script_params = {**params, "expected_owner_key": expected_owner_key}
-                ops.append({"script": {"source": scripts.TAKE_OVER, "lang": "painless", "params": script_params}})
-            return ops
+            script_params = {**params, "expected_owner_key": expected_owner_key}
+            return [op for r in batch for op in self._scripted(r.node.id, scripts.TAKE_OVER, script_params)]
 
         # The arbiter alone first: whoever updates it owns the recovery.
         (item,) = self._bulk(operations([arbiter], arbiter.owner.get("key")), "take a holder over")
