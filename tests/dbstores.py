@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import psycopg
 
+from django_esdlock.bench.stores import postgres_database as fresh_database
 from django_esdlock.conf import load_backend
 
 DB_BACKEND = "django_esdlock.backends.database.DatabaseLockBackend"
@@ -29,11 +30,6 @@ DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/test"
 def database_url() -> str:
     """The PostgreSQL the tests use: ``DATABASE_URL`` or the CI machine's."""
     return os.environ.get("DATABASE_URL", DEFAULT_DATABASE_URL)
-
-
-def with_database(url: str, name: str) -> str:
-    """``url`` pointing at database ``name`` of the same server."""
-    return urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(path="/" + name))
 
 
 def with_port(url: str, host: str, port: int) -> str:
@@ -55,15 +51,8 @@ def url_of(config: dict) -> str:
 @contextlib.contextmanager
 def postgres_database() -> Iterator[str]:
     """Create an empty PostgreSQL database on the test server; yield its URL; drop it after."""
-    admin_url = database_url()
-    name = f"esdlock_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield with_database(admin_url, name)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_database(database_url(), prefix="esdlock_test") as url:
+        yield url
 
 
 @contextlib.contextmanager

@@ -41,26 +41,34 @@ def with_database(url: str, name: str) -> str:
 
 
 @contextlib.contextmanager
-def postgres_store(url: str | None) -> Iterator[dict[str, Any]]:
-    """Yield a lock config on a fresh database of the server at ``url`` (lock tables made); drop it after.
+def postgres_database(admin_url: str, *, prefix: str = "esdlock_bench") -> Iterator[str]:
+    """Create an empty database on the server of ``admin_url``; yield its URL; drop it after.
 
-    ``url`` (else ``DATABASE_URL``, else the CI machine's PostgreSQL) is only
-    used to create and drop the database, which needs the CREATEDB privilege.
+    ``admin_url`` is only used to create and drop it, which needs the CREATEDB privilege.
     """
     import psycopg
 
-    admin_url = url or os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
-    name = f"esdlock_bench_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
-        config = {"BACKEND": DATABASE_BACKEND, "OPTIONS": {"url": with_database(admin_url, name)}, "TTL": BENCH_TTL}
+        yield with_database(admin_url, name)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def postgres_store(url: str | None) -> Iterator[dict[str, Any]]:
+    """Yield a lock config on a fresh database of the server at ``url`` (lock tables made); drop it after.
+
+    ``url`` defaults to ``DATABASE_URL``, else the CI machine's PostgreSQL.
+    """
+    with postgres_database(url or os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL) as database:
+        config = {"BACKEND": DATABASE_BACKEND, "OPTIONS": {"url": database}, "TTL": BENCH_TTL}
         backend = load_backend(config)
         try:
             backend.setup()
         finally:
             backend.close()
         yield config
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
