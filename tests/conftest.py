@@ -8,7 +8,7 @@ from django_esdlock.conf import load_backend
 
 from .dbstores import postgres_store, sqlite_store
 from .peer import Peer
-from .stores import elasticsearch_url, es_config
+from .stores import elasticsearch_url, es_store
 
 
 @pytest.fixture(scope="session")
@@ -41,11 +41,8 @@ STORES = ["elasticsearch", "postgres", "sqlite"]
 def store_config(request, django_db_blocker):
     """A LOCK_BACKEND config on a fresh, empty store of each kind, removed afterwards."""
     if request.param == "elasticsearch":
-        config = es_config(request.getfixturevalue("es_url"))
-        yield config
-        backend = load_backend(config)
-        backend.client.options(ignore_status=404).indices.delete(index=config["OPTIONS"]["index"])
-        backend.close()
+        with es_store(request.getfixturevalue("es_url")) as config:
+            yield config
         return
     store = postgres_store if request.param == "postgres" else sqlite_store
     # The database backend opens its own connections, which pytest-django blocks by default.

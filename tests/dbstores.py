@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import psycopg
 
+from django_esdlock.bench.stores import made_tables
 from django_esdlock.bench.stores import postgres_database as fresh_database
 from django_esdlock.conf import load_backend
 
@@ -59,13 +60,7 @@ def postgres_database() -> Iterator[str]:
 def postgres_store(*, ttl: float = 30.0) -> Iterator[dict]:
     """Yield a lock config on a fresh PostgreSQL database with the lock tables made."""
     with postgres_database() as url:
-        config = db_config(url, ttl=ttl)
-        backend = load_backend(config)
-        try:
-            backend.setup()
-        finally:
-            backend.close()
-        yield config
+        yield made_tables(db_config(url, ttl=ttl))
 
 
 @contextlib.contextmanager
@@ -74,13 +69,7 @@ def sqlite_store(*, ttl: float = 30.0) -> Iterator[dict]:
     directory = tempfile.mkdtemp(prefix="esdlock-sqlite-")
     try:
         # django-environ: four slashes for an absolute path.
-        config = db_config("sqlite:///" + os.path.join(directory, "locks.sqlite3"), ttl=ttl)
-        backend = load_backend(config)
-        try:
-            backend.setup()
-        finally:
-            backend.close()
-        yield config
+        yield made_tables(db_config("sqlite:///" + os.path.join(directory, "locks.sqlite3"), ttl=ttl))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 
 from django_esdlock.noida import elasticsearch_url, free_port, local_elasticsearch
 
-__all__ = ["ES_BACKEND", "elasticsearch_url", "es_config", "free_port", "local_elasticsearch"]
+__all__ = ["ES_BACKEND", "elasticsearch_url", "es_config", "es_store", "free_port", "local_elasticsearch"]
 
 ES_BACKEND = "django_esdlock.backends.elasticsearch.ElasticsearchLockBackend"
 
@@ -18,3 +20,17 @@ def es_config(url: str, *, ttl: float = 30.0) -> dict:
         "OPTIONS": {"hosts": [url], "index": f"test-locks-{uuid.uuid4().hex[:12]}"},
         "TTL": ttl,
     }
+
+
+@contextlib.contextmanager
+def es_store(url: str, *, ttl: float = 30.0) -> Iterator[dict]:
+    """Yield a lock backend config on a fresh index; delete the index after."""
+    from django_esdlock.conf import load_backend
+
+    config = es_config(url, ttl=ttl)
+    try:
+        yield config
+    finally:
+        backend = load_backend(config)
+        backend.client.options(ignore_status=404).indices.delete(index=config["OPTIONS"]["index"])
+        backend.close()

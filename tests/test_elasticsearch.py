@@ -14,16 +14,13 @@ from django_esdlock.conf import load_backend
 from .contract import LockBackendContract
 from .listing_contract import ListingContract
 from .reaper_contract import ReaperContract
-from .stores import es_config
+from .stores import es_store
 
 
 @pytest.fixture
 def lock_config(es_url):
-    config = es_config(es_url)
-    yield config
-    backend = load_backend(config)
-    backend.client.options(ignore_status=404).indices.delete(index=config["OPTIONS"]["index"])
-    backend.close()
+    with es_store(es_url) as config:
+        yield config
 
 
 class TestElasticsearchContract(LockBackendContract):

@@ -14,16 +14,13 @@ from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 
 from .peer import SPAWN, setup_django
-from .stores import es_config
+from .stores import es_store
 
 
 @pytest.fixture
 def lock_config(es_url):
-    config = es_config(es_url)
-    yield config
-    backend = load_backend(config)
-    backend.client.options(ignore_status=404).indices.delete(index=config["OPTIONS"]["index"])
-    backend.close()
+    with es_store(es_url) as config:
+        yield config
 
 
 def request(path: str, mode: Mode, holder_id: str, *, ticket: int | None = None) -> LockRequest:

@@ -58,6 +58,16 @@ def postgres_database(admin_url: str, *, prefix: str = "esdlock_bench") -> Itera
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def made_tables(config: dict[str, Any]) -> dict[str, Any]:
+    """Create the lock tables of a database-backend config (its migrations); return the config."""
+    backend = load_backend(config)
+    try:
+        backend.setup()
+    finally:
+        backend.close()
+    return config
+
+
 @contextlib.contextmanager
 def postgres_store(url: str | None) -> Iterator[dict[str, Any]]:
     """Yield a lock config on a fresh database of the server at ``url`` (lock tables made); drop it after.
@@ -65,10 +75,4 @@ def postgres_store(url: str | None) -> Iterator[dict[str, Any]]:
     ``url`` defaults to ``DATABASE_URL``, else the CI machine's PostgreSQL.
     """
     with postgres_database(url or os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL) as database:
-        config = {"BACKEND": DATABASE_BACKEND, "OPTIONS": {"url": database}, "TTL": BENCH_TTL}
-        backend = load_backend(config)
-        try:
-            backend.setup()
-        finally:
-            backend.close()
-        yield config
+        yield made_tables({"BACKEND": DATABASE_BACKEND, "OPTIONS": {"url": database}, "TTL": BENCH_TTL})
