@@ -26,11 +26,11 @@ logger = logging.getLogger("django_esdlock")
 
 Targets = tuple[tuple[Node, Mode], ...]
 
-QUEUE_AFTER_ATTEMPTS = 3
-"""Refusals after which a request takes a ticket and queues (short contention stays unqueued)."""
+QUEUED_POLL_CAP = 0.025
+"""Longest sleep between attempts of a queued request: the lock idles while its head sleeps.
 
-QUEUED_POLL_CAP = 0.1
-"""Longest sleep between attempts of a queued request: the lock idles while its head sleeps."""
+Stores that notify wake a waiter on release sooner; this bounds the others.
+"""
 
 
 def _validate_timeout(timeout: Any) -> float | None:
@@ -174,13 +174,14 @@ class Lock(contextlib.ContextDecorator):
                 remaining = math.inf if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
                     raise LockTimeout(f"{self._describe()} stayed unavailable for {self.timeout:g}s")
-                if request.ticket is None and attempt + 1 >= QUEUE_AFTER_ATTEMPTS:
-                    # It has waited: from now on newcomers queue behind it (fair waiting).
+                if request.ticket is None:
+                    # Refused once: it queues (fair waiting) and tries again at
+                    # once, so its markers make newcomers wait behind it from
+                    # now on and its wait is bounded by the holds already there.
                     request = dataclasses.replace(request, ticket=time.time_ns())
-                if request.ticket is not None:
-                    # A queued request polls often: everyone behind it waits for its turn.
-                    remaining = min(remaining, QUEUED_POLL_CAP)
-                backend.wait(nodes, remaining, attempt)
+                    continue
+                # A queued request polls often: everyone behind it waits for its turn.
+                backend.wait(nodes, min(remaining, QUEUED_POLL_CAP), attempt)
                 attempt += 1
         except BaseException:
             if request.ticket is not None:

@@ -1,4 +1,4 @@
-"""The tables of the database lock backend: one row per locked node, one per holder of it."""
+"""The tables of the database lock backend: one row per locked node, one per holder of it, one per waiting marker."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from django.db import models
 # registers it whether or not the admin is installed, so migrations agree.
 from .held_lock import HeldLock
 
-__all__ = ["HeldLock", "LockHolder", "LockNode"]
+__all__ = ["HeldLock", "LockHolder", "LockNode", "LockWaiter"]
 
 
 class LockNode(models.Model):
@@ -55,3 +55,28 @@ class LockHolder(models.Model):
 
     def __str__(self) -> str:
         return f"{self.holder_id} {self.mode} on {self.node_id}"
+
+
+class LockWaiter(models.Model):
+    """A waiting marker: a request that has waited for a node queues newcomers behind it (fair waiting).
+
+    A live marker in a mode that conflicts with a request refuses that request
+    if it came later (no ticket, or a larger one), unless its owner already
+    holds the node. Markers last a short lease, refreshed by each attempt of
+    their request, and go when it is granted or gives up. No foreign key: a
+    marker may outlive its node's row, which a release deletes.
+    """
+
+    node_id = models.CharField(max_length=512)
+    holder_id = models.CharField(max_length=64)
+    mode = models.CharField(max_length=2)
+    ticket = models.BigIntegerField(help_text="Queue position: when the request started to queue (ns)")
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "esdlock_waiter"
+        verbose_name = "waiting marker"
+        constraints = [models.UniqueConstraint(fields=["node_id", "holder_id"], name="esdlock_waiter_node_holder_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.holder_id} waits for {self.mode} on {self.node_id}"

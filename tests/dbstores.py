@@ -75,24 +75,27 @@ def sqlite_store(*, ttl: float = 30.0) -> Iterator[dict]:
 
 
 def clear_store(config: dict) -> None:
-    """Remove every node and holder from a store, leaving tables and token source as they are."""
+    """Remove every node, holder and waiting marker from a store, leaving tables and token source as they are."""
     url = url_of(config)
     if url.startswith("sqlite"):
         with contextlib.closing(sqlite3.connect(sqlite_path(config), timeout=30)) as connection, connection:
             connection.execute("DELETE FROM esdlock_holder")
             connection.execute("DELETE FROM esdlock_node")
+            connection.execute("DELETE FROM esdlock_waiter")
     else:
         with psycopg.connect(url, autocommit=True) as connection:
-            connection.execute("TRUNCATE esdlock_holder, esdlock_node")
+            connection.execute("TRUNCATE esdlock_holder, esdlock_node, esdlock_waiter")
 
 
 def sqlite_path(config: dict) -> str:
     return url_of(config).removeprefix("sqlite:///")
 
 
-def table_counts(config: dict) -> tuple[int, int]:
-    """(nodes, holders) in a store, read without the backend."""
+def table_counts(config: dict, *, markers: bool = False) -> tuple[int, ...]:
+    """(nodes, holders), or with ``markers`` (nodes, holders, waiting markers), read without the backend."""
     query = "SELECT (SELECT count(*) FROM esdlock_node), (SELECT count(*) FROM esdlock_holder)"
+    if markers:
+        query += ", (SELECT count(*) FROM esdlock_waiter)"
     if url_of(config).startswith("sqlite"):
         with contextlib.closing(sqlite3.connect(sqlite_path(config), timeout=30)) as connection:
             return connection.execute(query).fetchone()

@@ -239,9 +239,13 @@ def test_round_trips_do_not_grow_with_depth(store, backend_of, depth):
             lock.release()
         counts[size] = (len(acquired), len(renewed), len(released))
     assert counts[depth] == counts[1]
-    begin = "BEGIN IMMEDIATE" if backend.vendor == "sqlite" else "BEGIN"
     statements = [q["sql"] for q in acquired.captured_queries]
-    assert statements[0] == begin and statements.count(begin) == 1  # one transaction
+    if backend.vendor == "sqlite":
+        assert statements[0] == "BEGIN IMMEDIATE" and statements.count("BEGIN IMMEDIATE") == 1  # one transaction
+    else:  # a call of a server-side function each: acquire commits only once its answer arrived
+        assert counts[depth] == (2, 4, 1)  # renew: BEGIN, lock the node rows, renew, COMMIT
+        assert statements[0].lstrip().startswith("BEGIN;") and "esdlock_acquire(" in statements[0]
+        assert statements[1] == "COMMIT" and "esdlock_release(" in released.captured_queries[0]["sql"]
 
 
 @pytest.mark.parametrize("alias", ["postgres", "default"])
@@ -643,3 +647,37 @@ def test_sqlite_waits_by_backoff(sqlite_store_config, backend_of):
     started = time.monotonic()
     assert backend.wait_for_release([Node("default", Kind.TREE, "/x")], 0.2) is False
     assert time.monotonic() - started >= 0.2
+
+
+# --- fair waiting ---------------------------------------------------------------
+
+
+def test_waiting_markers_are_left_refreshed_and_removed(store, backend_of):
+    """A queued request's markers: left when refused, gone when it is granted, withdrawn or reaped once expired."""
+    backend = backend_of(store)
+    backend.marker_ttl = 0.5
+    holder = backend.acquire(_request("/q", "/q/r"))
+    assert holder is not None
+    plain = _request("/q/r", mode=Mode.S)
+    assert backend.acquire(plain) is None
+    assert table_counts(store, markers=True) == (2, 2, 0)  # no ticket: nothing left behind
+    queued = dataclasses.replace(plain, ticket=time.time_ns())
+    assert backend.acquire(queued) is None and backend.acquire(queued) is None  # the second one refreshes
+    assert table_counts(store, markers=True) == (2, 2, 1)
+    backend.withdraw(queued)
+    assert table_counts(store, markers=True) == (2, 2, 0)
+    assert backend.acquire(queued) is None
+    assert backend.release(holder)
+    grant = backend.acquire(queued)
+    assert grant is not None and table_counts(store, markers=True) == (1, 1, 0)  # granted: its marker went
+    assert backend.release(grant)
+    assert backend.acquire(_request("/elsewhere")) is not None
+    blocked = dataclasses.replace(_request("/elsewhere", mode=Mode.S), ticket=time.time_ns())
+    assert backend.acquire(blocked) is None and table_counts(store, markers=True)[2] == 1
+    backend.evict_expired()
+    assert table_counts(store, markers=True)[2] == 1  # still live
+    time.sleep(0.6)
+    backend.evict_expired(dry_run=True)
+    assert table_counts(store, markers=True)[2] == 1
+    backend.evict_expired()
+    assert table_counts(store, markers=True)[2] == 0

@@ -1,4 +1,4 @@
-"""Fair waiting on Elasticsearch: a request that waited is not starved by newcomers."""
+"""Fair waiting, on every store: a request that waited is not starved by newcomers."""
 
 from __future__ import annotations
 
@@ -14,13 +14,11 @@ from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 
 from .peer import SPAWN, setup_django
-from .stores import es_store
 
 
 @pytest.fixture
-def lock_config(es_url):
-    with es_store(es_url) as config:
-        yield config
+def lock_config(store_config):
+    return store_config
 
 
 def request(path: str, mode: Mode, holder_id: str, *, ticket: int | None = None) -> LockRequest:

@@ -36,7 +36,7 @@ import time
 import urllib.parse
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import environ
 from django.core import checks
@@ -136,34 +136,54 @@ def _node_row(node: Node) -> tuple[str, str, str, str, str, int]:
     return node.id, node.namespace, node.kind.value, node.key, parent, node.key.count("/") if tree else 0
 
 
-def decide(request: LockRequest, holders: Sequence[Sequence[Any]]) -> list[tuple[Node, Mode]] | None:
-    """Return the (node, mode) pairs the request writes, or None if a holder conflicts.
+class Decision(NamedTuple):
+    """What an attempt does: write ``writes`` (a grant), or nothing, leaving markers on ``refused``."""
+
+    writes: list[tuple[Node, Mode]]
+    refused: list[tuple[Node, Mode]]
+
+
+def decide(request: LockRequest, holders: Sequence[Sequence[Any]], waiters: Sequence[Sequence[Any]] = ()) -> Decision:
+    """Judge a request against the holders and live waiting markers of its nodes (SQLite's copy of
+    the ``esdlock_acquire`` function of PostgreSQL, and of the Elasticsearch acquire script).
 
     ``holders`` are rows ``(node_id, holder_id, mode, owner_key, has_intent,
-    live)`` of the request's nodes. A holder counts if it is live or carries
-    an intent (it awaits recovery); the request's own holder id never
-    counts (a retry replaces it). A reentrant request skips a node its owner
-    already holds live in the same mode, as Elasticsearch's ``noop`` does.
+    live)``, ``waiters`` rows ``(node_id, holder_id, mode, ticket)``. A holder
+    counts if it is live or carries an intent (it awaits recovery); the
+    request's own holder id never counts (a retry replaces it). A reentrant
+    request skips a node its owner already holds live in the same mode, as
+    Elasticsearch's ``noop`` does. A marker of another request in a
+    conflicting mode refuses a request queued after it (no ticket, or a
+    larger one) unless the requester's owner holds the node.
     """
     by_node: dict[str, list[Sequence[Any]]] = collections.defaultdict(list)
     for row in holders:
         by_node[row[0]].append(row)
-    writes = []
+    markers: dict[str, list[Sequence[Any]]] = collections.defaultdict(list)
+    for row in waiters:
+        markers[row[0]].append(row)
+    writes, refused = [], []
     for node, mode in dict(request.targets).items():
-        reentered = refused = False
+        reentered = blocked = inside = False
         for _node_id, holder_id, held_mode, owner_key, has_intent, live in by_node[node.id]:
             if holder_id == request.holder_id or not (live or has_intent):
                 continue
+            inside = inside or (live and owner_key == request.owner.key)
             if request.reentrant and live and owner_key == request.owner.key and held_mode == mode.value:
                 reentered = True
             elif not modes.compatible(held_mode, mode):
-                refused = True
+                blocked = True
+        if not inside:
+            blocked = blocked or any(
+                holder_id != request.holder_id
+                and not modes.compatible(marker_mode, mode)
+                and (request.ticket is None or ticket < request.ticket)
+                for _node_id, holder_id, marker_mode, ticket in markers[node.id]
+            )
         if reentered:
             continue
-        if refused:
-            return None
-        writes.append((node, mode))
-    return writes
+        (refused if blocked else writes).append((node, mode))
+    return Decision([] if refused else writes, refused)
 
 
 class _ThreadConnection:
@@ -392,6 +412,8 @@ class DatabaseLockBackend(BaseLockBackend):
         with wrapper.cursor() as cursor:
             if self.vendor == "postgresql":
                 cursor.execute(PostgresSQL.SESSION, [])
+                if wrapper.pg_version >= PostgresSQL.CLIENT_CHECK_SINCE:  # type: ignore[attr-defined]
+                    cursor.execute(PostgresSQL.SESSION_CLIENT_CHECK, [])
             else:
                 cursor.execute(SQLiteSQL.JOURNAL_MODE, [])
                 if cursor.fetchone()[0] != "wal":
@@ -413,7 +435,7 @@ class DatabaseLockBackend(BaseLockBackend):
     def _is_missing_schema(self, error: BaseException) -> bool:
         cause: BaseException | None = error
         while cause is not None:  # ours, then Django's, then the driver's
-            if getattr(cause, "sqlstate", None) == "42P01":  # PostgreSQL: undefined table (or sequence)
+            if getattr(cause, "sqlstate", None) in ("42P01", "42883"):  # PostgreSQL: no such table, function
                 return True
             if self.vendor == "sqlite" and "no such table: esdlock_" in str(cause):
                 return True
@@ -430,19 +452,22 @@ class DatabaseLockBackend(BaseLockBackend):
         except (DjangoDatabaseError, *_driver_errors(self.vendor)) as e:
             raise LockBackendUnavailable(f"{self.describe()} failed to {action}: {e}") from e
 
-    def _run(self, action: str, work: Callable[[Any], tuple[T, bool]], *, transaction: bool = True) -> T:
+    def _run(
+        self, action: str, work: Callable[[Any], tuple[T, bool]], *, transaction: bool = True, begin: bool = True
+    ) -> T:
         """Run ``work(cursor)`` on this thread's lock connection; commit if it returns ``(value, True)``.
 
         With ``transaction`` the work runs between BEGIN and COMMIT/ROLLBACK;
-        any failure rolls back (the server does, if the connection died). If
-        the lock tables do not exist yet they are created and the work is run
-        once more.
+        any failure rolls back (the server does, if the connection died).
+        Without ``begin`` the work opens the transaction itself (it sends
+        ``BEGIN;`` with its first statement, saving a round trip). If the lock
+        tables do not exist yet they are created and the work is run once more.
         """
         wrapper = self.connection
         for first_try in (True, False):
             try:
                 with self._translate(action):
-                    return self._run_once(wrapper, work, transaction)
+                    return self._run_once(wrapper, work, transaction, begin)
             except LockBackendUnavailable as e:
                 if first_try and not self._schema_ready and self._is_missing_schema(e):
                     logger.info("creating the lock tables in %s", self.describe())
@@ -451,13 +476,16 @@ class DatabaseLockBackend(BaseLockBackend):
                 raise
         raise AssertionError("unreachable")
 
-    def _run_once(self, wrapper: BaseDatabaseWrapper, work: Callable[[Any], tuple[T, bool]], transaction: bool) -> T:
+    def _run_once(
+        self, wrapper: BaseDatabaseWrapper, work: Callable[[Any], tuple[T, bool]], transaction: bool, begin: bool
+    ) -> T:
         try:
             self._prepare(wrapper)
             with wrapper.cursor() as cursor:
                 if not transaction:
                     return work(cursor)[0]
-                cursor.execute(self.sql.BEGIN, [])
+                if begin:
+                    cursor.execute(self.sql.BEGIN, [])
                 try:
                     value, commit = work(cursor)
                 except BaseException:
@@ -546,53 +574,71 @@ class DatabaseLockBackend(BaseLockBackend):
         if listener is not None:
             # Read before the attempt, so that wait() sees a release that comes after it.
             self._local.notify_seen = (listener, listener.seq)
-        targets = dict(request.targets)
-        nodes = sorted(targets, key=lambda node: node.id)
-        work = self._acquire_postgres if self.vendor == "postgresql" else self._acquire_sqlite
-        return self._run("acquire", lambda cursor: work(cursor, request, nodes))
+        nodes = sorted(dict(request.targets), key=lambda node: node.id)
+        if self.vendor == "postgresql":
+            work = functools.partial(self._acquire_postgres, request=request, nodes=nodes)
+            return self._run("acquire", work, begin=False)
+        return self._run("acquire", functools.partial(self._acquire_sqlite, request=request, nodes=nodes))
 
     def _acquire_postgres(self, cursor: Any, request: LockRequest, nodes: list[Node]) -> tuple[Grant | None, bool]:
         ids, namespaces, kinds, keys, parents, depths = (
             list(column) for column in zip(*map(_node_row, nodes), strict=True)
         )
+        asked = dict(request.targets)
+        # BEGIN and the call in one round trip; COMMIT only once the grant has
+        # reached us: a client that vanishes mid-call leaves nothing held.
         cursor.execute(
-            PostgresSQL.LOCK_NODES_FOR_ACQUIRE,
-            {"ids": ids, "namespaces": namespaces, "kinds": kinds, "keys": keys, "parents": parents, "depths": depths},
-        )
-        cursor.execute(PostgresSQL.READ_HOLDERS, {"ids": ids})
-        writes = decide(request, cursor.fetchall())
-        if writes is None:
-            return None, False
-        cursor.execute(
-            PostgresSQL.WRITE_GRANT,
+            PostgresSQL.ACQUIRE,
             {
                 "ids": ids,
+                "namespaces": namespaces,
+                "kinds": kinds,
+                "keys": keys,
+                "parents": parents,
+                "depths": depths,
+                "modes": [asked[node].value for node in nodes],
+                "conflicts": [",".join(sorted(m.value for m in modes.conflicting(asked[node]))) for node in nodes],
                 "holder_id": request.holder_id,
                 "owner": _json(request.owner.as_dict()),
                 "owner_key": request.owner.key,
                 "ttl_ms": request.ttl_ms,
                 "intent": _json(request.intent),
-                "taken": [node.id for node, _ in writes],
-                "modes": [mode.value for _, mode in writes],
+                "reentrant": request.reentrant,
+                "ticket": request.ticket,
+                "marker_ttl_ms": round(self.marker_ttl * 1000),
             },
         )
-        token = cursor.fetchone()[0]
-        return Grant(request=request, token=token, taken=tuple(node for node, _ in writes)), True
+        cursor.nextset()
+        token, taken = cursor.fetchone()
+        if taken is None:
+            return None, request.ticket is not None  # keep the waiting markers it left
+        taken_ids = set(taken)
+        return Grant(request=request, token=token, taken=tuple(node for node in nodes if node.id in taken_ids)), True
 
     def _acquire_sqlite(self, cursor: Any, request: LockRequest, nodes: list[Node]) -> tuple[Grant | None, bool]:
         now = self._sqlite_now(cursor)
         ids = json.dumps([node.id for node in nodes])
-        cursor.execute(SQLiteSQL.CREATE_NODES, {"nodes": json.dumps([_node_row(node) for node in nodes])})
         cursor.execute(SQLiteSQL.READ_HOLDERS, {"ids": ids, "now": now})
-        writes = decide(request, cursor.fetchall())
-        if writes is None:
-            return None, False
+        holders = cursor.fetchall()
+        cursor.execute(SQLiteSQL.READ_WAITERS, {"ids": ids, "now": now})
+        decision = decide(request, holders, cursor.fetchall())
+        if decision.refused:
+            if request.ticket is None:
+                return None, False
+            refused = json.dumps([[node.id, mode.value] for node, mode in decision.refused])
+            offset = _sqlite_offset(round(self.marker_ttl * 1000))
+            marker = {"refused": refused, "holder_id": request.holder_id, "ticket": request.ticket}
+            cursor.execute(SQLiteSQL.WRITE_MARKERS, {**marker, "now": now, "offset": offset})
+            return None, True
+        cursor.execute(SQLiteSQL.CREATE_NODES, {"nodes": json.dumps([_node_row(node) for node in nodes])})
         cursor.execute(SQLiteSQL.EVICT_FOR_ACQUIRE, {"ids": ids, "holder_id": request.holder_id, "now": now})
+        if request.ticket is not None:
+            cursor.execute(SQLiteSQL.DROP_MARKERS, {"ids": ids, "holder_id": request.holder_id, "now": now})
         token = self._sqlite_token(cursor)
         cursor.execute(
             SQLiteSQL.WRITE_HOLDERS,
             {
-                "taken": json.dumps([[node.id, mode.value] for node, mode in writes]),
+                "taken": json.dumps([[node.id, mode.value] for node, mode in decision.writes]),
                 "holder_id": request.holder_id,
                 "owner": _json(request.owner.as_dict()),
                 "owner_key": request.owner.key,
@@ -602,7 +648,7 @@ class DatabaseLockBackend(BaseLockBackend):
                 "intent": _json(request.intent),
             },
         )
-        return Grant(request=request, token=token, taken=tuple(node for node, _ in writes)), True
+        return Grant(request=request, token=token, taken=tuple(node for node, _ in decision.writes)), True
 
     @staticmethod
     def _sqlite_now(cursor: Any) -> str:
@@ -630,7 +676,6 @@ class DatabaseLockBackend(BaseLockBackend):
 
         def work(cursor: Any) -> tuple[bool, bool]:
             if self.vendor == "postgresql":
-                cursor.execute(PostgresSQL.LOCK_NODES, {"ids": ids})
                 cursor.execute(PostgresSQL.RELEASE, {**params, "payload": _payload(ids)})
                 removed = cursor.fetchone()[0]
             else:
@@ -642,7 +687,21 @@ class DatabaseLockBackend(BaseLockBackend):
                 cursor.execute(SQLiteSQL.DELETE_EMPTY_NODES, {"ids": id_list})
             return removed == len(ids), True
 
-        return self._run("release", work)
+        # PostgreSQL: one call of a server-side function, committed on its own.
+        return self._run("release", work, transaction=self.vendor != "postgresql")
+
+    def withdraw(self, request: LockRequest) -> None:
+        ids = sorted({node.id for node, _ in request.targets})
+        params = {"holder_id": request.holder_id}
+
+        def work(cursor: Any) -> tuple[None, bool]:
+            if self.vendor == "postgresql":
+                cursor.execute(PostgresSQL.WITHDRAW, {**params, "ids": ids})
+            else:
+                cursor.execute(SQLiteSQL.WITHDRAW, {**params, "ids": json.dumps(ids)})
+            return None, True
+
+        self._run("withdraw waiting markers", work, transaction=self.vendor != "postgresql")
 
     def renew(
         self,
@@ -841,6 +900,8 @@ class DatabaseLockBackend(BaseLockBackend):
         grace_ms = max(0, round(grace * 1000))
         nodes, params = ([], {}) if namespace is None else (["namespace"], {"namespace": namespace})
         params["grace_ms"] = grace_ms
+        if not dry_run:
+            self._run("drop expired waiting markers", self._drop_expired_markers, transaction=False)
         evicted: list[HolderRecord] = []
         after: tuple[str, str, str] | None = None
         while True:
@@ -859,6 +920,14 @@ class DatabaseLockBackend(BaseLockBackend):
             if _next_cursor(rows, self.page_size) is None:
                 return evicted
             after = (rows[-1][0], rows[-1][1], rows[-1][2])
+
+    def _drop_expired_markers(self, cursor: Any) -> tuple[None, bool]:
+        """Delete the markers of requests that stopped waiting without withdrawing them (all namespaces)."""
+        if self.vendor == "postgresql":
+            cursor.execute(PostgresSQL.DROP_EXPIRED_MARKERS, {})
+        else:
+            cursor.execute(SQLiteSQL.DROP_EXPIRED_MARKERS, {"now": self._sqlite_now(cursor)})
+        return None, True
 
     def _page_work(self, cursor: Any, **kwargs: Any) -> tuple[list[Any], bool]:
         return self._page(cursor, limit=self.page_size, **kwargs), False

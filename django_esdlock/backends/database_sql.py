@@ -42,84 +42,34 @@ class PostgresSQL:
     SESSION = """
 SELECT set_config('lock_timeout', '10s', false), set_config('idle_in_transaction_session_timeout', '30s', false)
 """
+    # A session whose client has gone while it waits for node rows stops
+    # waiting (PostgreSQL 14+ notices within a second) instead of queueing
+    # for rows it will only roll back.
+    SESSION_CLIENT_CHECK = "SELECT set_config('client_connection_check_interval', '1s', false)"
+    CLIENT_CHECK_SINCE = 140000
 
-    # Create the request's missing nodes and lock all of its nodes in one
-    # statement, in bytewise id order: each row is either inserted (a new row
-    # stays locked until commit) or locked by ON CONFLICT DO UPDATE, whose
-    # WHERE false writes nothing but locks the row all the same. A row deleted
-    # meanwhile by a release is inserted afresh, so every node of the request is
-    # locked when this returns. Runs before the holders are read, so that the
-    # next statement's snapshot sees every holder committed before the locks.
-    LOCK_NODES_FOR_ACQUIRE = """
-INSERT INTO esdlock_node (id, namespace, kind, key, parent, depth)
-SELECT n.id, n.namespace, n.kind, n.key, n.parent, n.depth
-FROM unnest(%(ids)s::text[], %(namespaces)s::text[], %(kinds)s::text[], %(keys)s::text[],
-            %(parents)s::text[], %(depths)s::int[]) AS n(id, namespace, kind, key, parent, depth)
-ORDER BY n.id COLLATE "C"
-ON CONFLICT (id) DO UPDATE SET depth = EXCLUDED.depth WHERE false
+    # Acquire and release are server-side functions (migration 0002): see
+    # their source there for what each step guarantees. Acquire opens its
+    # transaction in the same round trip; release commits on its own.
+    ACQUIRE = """
+BEGIN; SELECT token, taken FROM esdlock_acquire(
+    %(ids)s::text[], %(namespaces)s::text[], %(kinds)s::text[], %(keys)s::text[], %(parents)s::text[],
+    %(depths)s::int[], %(modes)s::text[], %(conflicts)s::text[], %(holder_id)s::text, %(owner)s::jsonb,
+    %(owner_key)s::text, %(ttl_ms)s::float8, %(intent)s::jsonb, %(reentrant)s::boolean, %(ticket)s::bigint,
+    %(marker_ttl_ms)s::float8)
 """
+    RELEASE = "SELECT esdlock_release(%(ids)s::text[], %(holder_id)s::text, %(owner_key)s::text, %(payload)s::text)"
 
-    # The holders of the locked nodes, with liveness judged by the database.
-    READ_HOLDERS = """
-SELECT node_id, holder_id, mode, owner_key, intent IS NOT NULL, expires_at > statement_timestamp()
-FROM esdlock_holder
-WHERE node_id = ANY(%(ids)s::text[])
-"""
+    # A request that gave up takes its waiting markers away; expired markers go with the reaper.
+    WITHDRAW = "DELETE FROM esdlock_waiter WHERE node_id = ANY(%(ids)s::text[]) AND holder_id = %(holder_id)s::text"
+    DROP_EXPIRED_MARKERS = "DELETE FROM esdlock_waiter WHERE expires_at <= statement_timestamp()"
 
-    # Write a granted request: evict expired holders without an intent, take a
-    # fencing token (after the node locks: it exceeds the token of every grant
-    # committed on these nodes before) and write one holder per taken node. A
-    # holder with the same id (a retried request) is replaced, never doubled.
-    # Returns the token even when every node was reentered (no holder written).
-    WRITE_GRANT = f"""
-WITH evicted AS (
-    DELETE FROM esdlock_holder
-    WHERE node_id = ANY(%(ids)s::text[]) AND holder_id <> %(holder_id)s
-      AND intent IS NULL AND expires_at <= statement_timestamp()
-), token AS (
-    SELECT nextval('{TOKEN_SEQUENCE}') AS value
-), written AS (
-    INSERT INTO esdlock_holder
-        (node_id, holder_id, mode, owner, owner_key, token, acquired_at, expires_at, intent, checkpoint, recovery)
-    SELECT t.node_id, %(holder_id)s, t.mode, %(owner)s::jsonb, %(owner_key)s, token.value,
-           statement_timestamp(), statement_timestamp() + %(ttl_ms)s::float8 * interval '1 millisecond',
-           %(intent)s::jsonb, NULL, NULL
-    FROM unnest(%(taken)s::text[], %(modes)s::text[]) AS t(node_id, mode) CROSS JOIN token
-    ON CONFLICT (node_id, holder_id) DO UPDATE SET
-        mode = EXCLUDED.mode, owner = EXCLUDED.owner, owner_key = EXCLUDED.owner_key, token = EXCLUDED.token,
-        acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, intent = EXCLUDED.intent,
-        checkpoint = NULL, recovery = NULL
-)
-SELECT value FROM token
-"""
-
-    # Release and eviction delete node rows, hence FOR UPDATE (not NO KEY).
+    # Eviction deletes node rows, hence FOR UPDATE (not NO KEY).
     LOCK_NODES = """
 SELECT id FROM esdlock_node WHERE id = ANY(%(ids)s::text[]) ORDER BY id COLLATE "C" FOR UPDATE
 """
     LOCK_NODES_FOR_UPDATE = """
 SELECT id FROM esdlock_node WHERE id = ANY(%(ids)s::text[]) ORDER BY id COLLATE "C" FOR NO KEY UPDATE
-"""
-
-    # Remove one holder of its owner (of anyone with a null owner key: a
-    # forced release) and expired holders without an intent from these nodes,
-    # delete the nodes left with no holder, and announce the release to
-    # waiters (delivered at commit). Returns how many of the holder's rows
-    # were removed.
-    RELEASE = f"""
-WITH gone AS (
-    DELETE FROM esdlock_holder
-    WHERE node_id = ANY(%(ids)s::text[])
-      AND ((holder_id = %(holder_id)s AND (%(owner_key)s::text IS NULL OR owner_key = %(owner_key)s::text))
-           OR (intent IS NULL AND expires_at <= statement_timestamp()))
-    RETURNING id, holder_id = %(holder_id)s AND (%(owner_key)s::text IS NULL OR owner_key = %(owner_key)s::text)
-              AS released
-), emptied AS (
-    DELETE FROM esdlock_node n
-    WHERE n.id = ANY(%(ids)s::text[])
-      AND NOT EXISTS (SELECT 1 FROM esdlock_holder h WHERE h.node_id = n.id AND h.id NOT IN (SELECT id FROM gone))
-)
-SELECT count(*) FILTER (WHERE released), pg_notify('{NOTIFY_CHANNEL}', %(payload)s::text) FROM gone
 """
 
     # Extend the lease of a live holder of this owner from the database's
@@ -265,6 +215,23 @@ SELECT node_id, holder_id, mode, owner_key, intent IS NOT NULL, expires_at > %(n
 FROM esdlock_holder
 WHERE node_id IN {_SQLITE_IDS}
 """
+    READ_WAITERS = f"""
+SELECT node_id, holder_id, mode, ticket FROM esdlock_waiter WHERE node_id IN {_SQLITE_IDS} AND expires_at > %(now)s
+"""
+    # A queued request leaves (or refreshes) its markers on the nodes that refused it.
+    WRITE_MARKERS = f"""
+INSERT INTO esdlock_waiter (node_id, holder_id, mode, ticket, expires_at)
+SELECT json_extract(value, '$[0]'), %(holder_id)s, json_extract(value, '$[1]'), %(ticket)s, {_SQLITE_TIME}
+FROM json_each(%(refused)s) WHERE true
+ON CONFLICT (node_id, holder_id) DO UPDATE
+    SET mode = excluded.mode, ticket = excluded.ticket, expires_at = excluded.expires_at
+"""
+    # A granted request's markers go, and expired ones on its nodes.
+    DROP_MARKERS = f"""
+DELETE FROM esdlock_waiter WHERE node_id IN {_SQLITE_IDS} AND (holder_id = %(holder_id)s OR expires_at <= %(now)s)
+"""
+    WITHDRAW = f"DELETE FROM esdlock_waiter WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s"
+    DROP_EXPIRED_MARKERS = "DELETE FROM esdlock_waiter WHERE expires_at <= %(now)s"
     # Expired holders without an intent go; so does an earlier copy of this
     # holder (a retried request), which is written afresh below.
     EVICT_FOR_ACQUIRE = f"""
