@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
@@ -662,7 +663,7 @@ def test_waiting_markers_are_left_refreshed_and_removed(store, backend_of):
     assert backend.acquire(plain) is None
     assert table_counts(store, markers=True) == (2, 2, 0)  # no ticket: nothing left behind
     queued = dataclasses.replace(plain, ticket=time.time_ns())
-    assert backend.acquire(queued) is None and backend.acquire(queued) is None  # the second one refreshes
+    assert backend.acquire(queued) is None and backend.acquire(queued) is None  # the second one writes nothing
     assert table_counts(store, markers=True) == (2, 2, 1)
     backend.withdraw(queued)
     assert table_counts(store, markers=True) == (2, 2, 0)
@@ -681,3 +682,19 @@ def test_waiting_markers_are_left_refreshed_and_removed(store, backend_of):
     assert table_counts(store, markers=True)[2] == 1
     backend.evict_expired()
     assert table_counts(store, markers=True)[2] == 0
+    # Attempts past half the marker's lease renew it: a queued request's markers stay while it waits.
+    assert backend.acquire(blocked) is None
+    for _ in range(4):
+        time.sleep(0.2)
+        assert backend.acquire(blocked) is None
+    assert live_markers(store) == 1  # 1 s after the first marker of a 0.5 s lease
+
+
+def live_markers(config: dict) -> int:
+    """Waiting markers whose lease has not run out, by the database's clock."""
+    if url_of(config).startswith("sqlite"):
+        query = "SELECT count(*) FROM esdlock_waiter WHERE expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')"
+        with contextlib.closing(sqlite3.connect(sqlite_path(config), timeout=30)) as connection:
+            return connection.execute(query).fetchone()[0]
+    with psycopg.connect(url_of(config), autocommit=True) as connection:
+        return connection.execute("SELECT count(*) FROM esdlock_waiter WHERE expires_at > now()").fetchone()[0]

@@ -609,9 +609,10 @@ class DatabaseLockBackend(BaseLockBackend):
             },
         )
         cursor.nextset()
-        token, taken = cursor.fetchone()
+        token, taken, wrote = cursor.fetchone()
         if taken is None:
-            return None, request.ticket is not None  # keep the waiting markers it left
+            return None, wrote  # commit only the waiting markers it left, if any
+
         taken_ids = set(taken)
         return Grant(request=request, token=token, taken=tuple(node for node in nodes if node.id in taken_ids)), True
 
@@ -625,11 +626,15 @@ class DatabaseLockBackend(BaseLockBackend):
         if decision.refused:
             if request.ticket is None:
                 return None, False
-            refused = json.dumps([[node.id, mode.value] for node, mode in decision.refused])
-            offset = _sqlite_offset(round(self.marker_ttl * 1000))
-            marker = {"refused": refused, "holder_id": request.holder_id, "ticket": request.ticket}
-            cursor.execute(SQLiteSQL.WRITE_MARKERS, {**marker, "now": now, "offset": offset})
-            return None, True
+            marker_ttl_ms = round(self.marker_ttl * 1000)
+            marker = {
+                "refused": json.dumps([[node.id, mode.value] for node, mode in decision.refused]),
+                "holder_id": request.holder_id,
+                "ticket": request.ticket,
+                "renew_before": self._sqlite_time(cursor, now, marker_ttl_ms // 2),
+            }
+            cursor.execute(SQLiteSQL.WRITE_MARKERS, {**marker, "now": now, "offset": _sqlite_offset(marker_ttl_ms)})
+            return None, cursor.rowcount > 0  # commit only markers it left or renewed
         cursor.execute(SQLiteSQL.CREATE_NODES, {"nodes": json.dumps([_node_row(node) for node in nodes])})
         cursor.execute(SQLiteSQL.EVICT_FOR_ACQUIRE, {"ids": ids, "holder_id": request.holder_id, "now": now})
         if request.ticket is not None:

@@ -52,7 +52,7 @@ SELECT set_config('lock_timeout', '10s', false), set_config('idle_in_transaction
     # their source there for what each step guarantees. Acquire opens its
     # transaction in the same round trip; release commits on its own.
     ACQUIRE = """
-BEGIN; SELECT token, taken FROM esdlock_acquire(
+BEGIN; SELECT token, taken, wrote FROM esdlock_acquire(
     %(ids)s::text[], %(namespaces)s::text[], %(kinds)s::text[], %(keys)s::text[], %(parents)s::text[],
     %(depths)s::int[], %(modes)s::text[], %(conflicts)s::text[], %(holder_id)s::text, %(owner)s::jsonb,
     %(owner_key)s::text, %(ttl_ms)s::float8, %(intent)s::jsonb, %(reentrant)s::boolean, %(ticket)s::bigint,
@@ -218,13 +218,17 @@ WHERE node_id IN {_SQLITE_IDS}
     READ_WAITERS = f"""
 SELECT node_id, holder_id, mode, ticket FROM esdlock_waiter WHERE node_id IN {_SQLITE_IDS} AND expires_at > %(now)s
 """
-    # A queued request leaves (or refreshes) its markers on the nodes that refused it.
+    # A queued request leaves its markers on the nodes that refused it, or
+    # renews those past half their lease (%(renew_before)s); rowcount says
+    # whether anything was written.
     WRITE_MARKERS = f"""
 INSERT INTO esdlock_waiter (node_id, holder_id, mode, ticket, expires_at)
 SELECT json_extract(value, '$[0]'), %(holder_id)s, json_extract(value, '$[1]'), %(ticket)s, {_SQLITE_TIME}
 FROM json_each(%(refused)s) WHERE true
 ON CONFLICT (node_id, holder_id) DO UPDATE
     SET mode = excluded.mode, ticket = excluded.ticket, expires_at = excluded.expires_at
+    WHERE esdlock_waiter.expires_at < %(renew_before)s OR esdlock_waiter.mode <> excluded.mode
+       OR esdlock_waiter.ticket <> excluded.ticket
 """
     # A granted request's markers go, and expired ones on its nodes.
     DROP_MARKERS = f"""

@@ -15,7 +15,7 @@ CREATE OR REPLACE FUNCTION esdlock_acquire(
     p_ids text[], p_namespaces text[], p_kinds text[], p_keys text[], p_parents text[], p_depths int[],
     p_modes text[], p_conflicts text[], p_holder_id text, p_owner jsonb, p_owner_key text, p_ttl_ms float8,
     p_intent jsonb, p_reentrant boolean, p_ticket bigint, p_marker_ttl_ms float8,
-    OUT token bigint, OUT taken text[]
+    OUT token bigint, OUT taken text[], OUT wrote boolean
 ) LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now timestamptz := statement_timestamp();
@@ -23,6 +23,7 @@ DECLARE
     v_modes text[];
     v_expired boolean;
     v_stale_markers boolean;
+    v_written bigint;
 BEGIN
     -- Create the missing node rows and lock all of them, in one order.
     INSERT INTO esdlock_node (id, namespace, kind, key, parent, depth)
@@ -81,19 +82,28 @@ BEGIN
     FROM judged;
 
     IF v_refused IS NOT NULL THEN
-        -- Refused: a queued request leaves (or refreshes) its markers on the
-        -- nodes that refused it; node rows this call created go again.
+        -- Refused: a queued request leaves its markers on the nodes that
+        -- refused it, or renews those past half their lease. Only then is
+        -- there anything to commit (`wrote`; the caller rolls back
+        -- otherwise), and node rows this call created go again.
+        taken := NULL;
+        wrote := false;
         IF p_ticket IS NOT NULL THEN
-            INSERT INTO esdlock_waiter (node_id, holder_id, mode, ticket, expires_at)
+            INSERT INTO esdlock_waiter AS w (node_id, holder_id, mode, ticket, expires_at)
             SELECT r.node_id, p_holder_id, a.mode, p_ticket, v_now + p_marker_ttl_ms * interval '1 millisecond'
             FROM unnest(v_refused) AS r(node_id)
             JOIN unnest(p_ids, p_modes) AS a(node_id, mode) ON a.node_id = r.node_id
             ON CONFLICT (node_id, holder_id) DO UPDATE
-                SET mode = EXCLUDED.mode, ticket = EXCLUDED.ticket, expires_at = EXCLUDED.expires_at;
+                SET mode = EXCLUDED.mode, ticket = EXCLUDED.ticket, expires_at = EXCLUDED.expires_at
+                WHERE w.expires_at < v_now + p_marker_ttl_ms / 2 * interval '1 millisecond'
+                   OR w.mode <> EXCLUDED.mode OR w.ticket <> EXCLUDED.ticket;
+            GET DIAGNOSTICS v_written = ROW_COUNT;
+            IF v_written > 0 THEN
+                wrote := true;
+                DELETE FROM esdlock_node n
+                WHERE n.id = ANY(p_ids) AND NOT EXISTS (SELECT 1 FROM esdlock_holder h WHERE h.node_id = n.id);
+            END IF;
         END IF;
-        DELETE FROM esdlock_node n
-        WHERE n.id = ANY(p_ids) AND NOT EXISTS (SELECT 1 FROM esdlock_holder h WHERE h.node_id = n.id);
-        taken := NULL;
         RETURN;
     END IF;
 
@@ -121,6 +131,7 @@ BEGIN
         acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, intent = EXCLUDED.intent,
         checkpoint = NULL, recovery = NULL;
     taken := coalesce(taken, '{}');
+    wrote := true;
 END
 $$
 """
