@@ -82,6 +82,17 @@ INDEX_SETTINGS: dict[str, Any] = {"number_of_shards": 1, "auto_expand_replicas":
 RETRY_ON_CONFLICT = 10
 """A real cluster answers 409 to concurrent updates of one node; retry on the shard."""
 
+STALE_MARGIN_S = 2
+"""Seconds past ``grace`` after which the reaper deletes a node of expired holders outright, without EVICT.
+
+The search's ``now`` is the clock of the node that coordinates it, not of
+the primary shard that stamped the lease: the margin absorbs skew between
+the two (and the rounding of ``grace`` to seconds).
+"""
+
+SOLE_HOLDS_KEPT = 10_000
+"""Holders whose conditional-delete facts (:meth:`ElasticsearchLockBackend._sole`) a backend keeps, at most."""
+
 _SORT = [{"namespace": "asc"}, {"kind": "asc"}, {"key": "asc"}]
 _CONTENTION = frozenset({"version_conflict_engine_exception", "es_rejected_execution_exception"})
 _CLIENT_OPTIONS = frozenset(inspect.signature(elasticsearch.Elasticsearch.__init__).parameters) - {"self", "hosts"}
@@ -112,8 +123,12 @@ def _holds(source: Mapping[str, Any] | None, holder_id: str) -> bool:
     return any(holder.get("id") == holder_id for holder in (source or {}).get("holders") or ())
 
 
-def read_acquire_items(request: LockRequest, items: Sequence[Mapping[str, Any]]) -> AcquireOutcome:
-    """Sort the items of an acquire ``_bulk`` into taken, refused and failed nodes.
+def read_acquire_items(
+    request: LockRequest,
+    items: Sequence[Mapping[str, Any]],
+    targets: Sequence[tuple[Node, modes.Mode]] | None = None,
+) -> AcquireOutcome:
+    """Sort the items of an acquire ``_bulk`` (of ``targets``, default all the request's) into taken, refused, failed.
 
     ``created``/``updated`` took the node. ``noop`` is a refusal, except for a
     reentrant request whose node this owner holds already. A 409 (concurrent
@@ -123,7 +138,7 @@ def read_acquire_items(request: LockRequest, items: Sequence[Mapping[str, Any]])
     the token of every grant released before any of these writes.
     """
     outcome = AcquireOutcome([], [], [], 0)
-    for (node, mode), item in zip(request.targets, items, strict=True):
+    for (node, mode), item in zip(request.targets if targets is None else targets, items, strict=True):
         body = next(iter(item.values()))
         error = body.get("error")
         if error:
@@ -150,6 +165,19 @@ def read_acquire_items(request: LockRequest, items: Sequence[Mapping[str, Any]])
         else:
             outcome.errors.append(f"{node}: unexpected result {result!r}")
     return outcome
+
+
+def _merge(first: AcquireOutcome, second: AcquireOutcome) -> AcquireOutcome:
+    return AcquireOutcome(
+        first.taken + second.taken,
+        first.refused + second.refused,
+        first.errors + second.errors,
+        max(first.token, second.token),
+    )
+
+
+def _result(item: Mapping[str, Any]) -> str | None:
+    return next(iter(item.values())).get("result")
 
 
 def _encode_cursor(sort_values: list[Any]) -> str:
@@ -182,15 +210,33 @@ def _records(source: Mapping[str, Any], holders: Sequence[Mapping[str, Any]] | N
     ]
 
 
-def _expired_query(grace: float) -> dict[str, Any]:
-    """Match holders expired for at least ``grace`` seconds, by the store's clock (``now``).
+def _node_fields(node: Node) -> dict[str, Any]:
+    """Return the source fields that name ``node``."""
+    tree = node.kind is Kind.TREE
+    return {
+        "namespace": node.namespace,
+        "kind": node.kind.value,
+        "key": node.key,
+        "parent": paths.parent(node.key) if tree else None,
+        "depth": node.key.count("/") if tree else 0,
+    }
+
+
+def _expired_query(grace: float, margin: int = 0) -> dict[str, Any]:
+    """Match holders expired for at least ``grace`` (plus ``margin``) seconds, by the store's clock (``now``).
 
     Date math has no millisecond unit, so the grace is cut to whole seconds:
     the query may match a little early, and the EVICT script, which compares
     ``ctx._now`` to the millisecond, has the last word.
     """
-    seconds = math.floor(max(0.0, grace))
+    seconds = math.floor(max(0.0, grace)) + margin
     return {"range": {"holders.expires_at": {"lte": f"now-{seconds}s" if seconds else "now"}}}
+
+
+def _hit_records(hit: Mapping[str, Any]) -> list[HolderRecord]:
+    """Return the records of the holders ``hit`` matched (its inner hits "match")."""
+    inner = hit.get("inner_hits", {}).get("match")
+    return _records(hit["_source"], [h["_source"] for h in inner["hits"]["hits"]] if inner else [])
 
 
 class ElasticsearchLockBackend(BaseLockBackend):
@@ -228,6 +274,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
         self._setup_lock = threading.Lock()
         self._client: elasticsearch.Elasticsearch | None = None
         self._client_pid: int | None = None
+        self._sole: dict[str, dict[str, tuple[int, int]]] = {}
+        """holder id -> node id -> (seq_no, primary_term) of our last write, where it left that holder alone."""
+        self._sole_lock = threading.Lock()
 
     def describe(self) -> str:
         return f"Elasticsearch {', '.join(self.hosts)} index {self.index!r}"
@@ -294,46 +343,120 @@ class ElasticsearchLockBackend(BaseLockBackend):
     # --- the primitive ------------------------------------------------------
 
     def acquire(self, request: LockRequest) -> Grant | None:
+        """Create the nodes that do not exist (CREATE), then take the others (ACQUIRE), all or nothing.
+
+        Uncontended, every node is fresh and the first ``_bulk`` is the only
+        one; its short script is what makes it cheap. A node CREATE finds
+        existing (a no-op) goes to ACQUIRE in a second ``_bulk``.
+        """
         self._ensure_index()
         holder = {"id": request.holder_id, "owner": request.owner.as_dict()}
         if request.intent is not None:
             holder["intent"] = request.intent
         fields = ["holders.id", "holders.owner.key", "holders.mode"]
         fields_back = fields if request.reentrant or request.ticket is not None else None
-        operations: list[dict[str, Any]] = []
-        for node, mode in request.targets:
-            parent = paths.parent(node.key) if node.kind is Kind.TREE else None
-            params = {
-                "holder": {**holder, "mode": mode.value},
-                "conflicts": sorted(m.value for m in modes.conflicting(mode)),
-                "reentrant": request.reentrant,
-                "ticket": request.ticket,
-                "marker_ttl_ms": round(self.marker_ttl * 1000),
-                "ttl_ms": request.ttl_ms,
-                "node": {
-                    "namespace": node.namespace,
-                    "kind": node.kind.value,
-                    "key": node.key,
-                    "parent": parent,
-                    "depth": node.key.count("/") if node.kind is Kind.TREE else 0,
-                },
-            }
-            operations += self._scripted(
-                node.id, scripts.ACQUIRE, params, fields=fields_back, scripted_upsert=True, upsert={}
-            )
+        targets = list(request.targets)
         try:
+            operations = [op for node, mode in targets for op in self._create_item(node, mode, holder, request)]
             items = self._bulk(operations, "acquire")
+            existing = [target for target, item in zip(targets, items, strict=True) if _result(item) == "noop"]
+            created = [(t, i) for t, i in zip(targets, items, strict=True) if _result(i) != "noop"]
+            self._note_sole(request.holder_id, [(node, item) for (node, _), item in created])
+            outcome = read_acquire_items(request, [i for _, i in created], [t for t, _ in created])
+            if existing and not (outcome.refused or outcome.errors):
+                operations = [
+                    op
+                    for node, mode in existing
+                    for op in self._scripted(
+                        node.id,
+                        scripts.ACQUIRE,
+                        self._acquire_params(node, mode, holder, request),
+                        fields=fields_back,
+                        scripted_upsert=True,
+                        upsert={},
+                    )
+                ]
+                items = self._bulk(operations, "acquire")
+                outcome = _merge(outcome, read_acquire_items(request, items, existing))
+            elif existing:
+                outcome.refused.extend(node for node, _ in existing)  # not tried: the request failed already
         except LockBackendUnavailable:
-            # The bulk may have been applied in part: give back whatever it took.
-            self._release_nodes(request.holder_id, request.owner.key, [n for n, _ in request.targets], quiet=True)
+            # A bulk may have been applied in part: give back whatever it took.
+            self._release_nodes(request.holder_id, request.owner.key, [n for n, _ in targets], quiet=True)
             raise
-        outcome = read_acquire_items(request, items)
         if outcome.errors or outcome.refused:
             self._release_nodes(request.holder_id, request.owner.key, outcome.taken, quiet=bool(outcome.errors))
             if outcome.errors:
                 raise LockBackendUnavailable(f"Elasticsearch refused the acquire: {'; '.join(outcome.errors)}")
             return None
         return Grant(request=request, token=outcome.token, taken=tuple(outcome.taken))
+
+    def _create_item(
+        self, node: Node, mode: modes.Mode, holder: dict[str, Any], request: LockRequest
+    ) -> list[dict[str, Any]]:
+        """Return the bulk lines of CREATE: the new node's whole source, but the lease, comes from here."""
+        fresh = {
+            **_node_fields(node),
+            "lock_type": "exclusive" if mode is modes.Mode.X else "shared",
+            "lock_count": 1,
+            "modes": [mode.value],
+        }
+        params = {"holder": {**holder, "mode": mode.value}, "ttl_ms": request.ttl_ms, "fresh": fresh}
+        fields = ["holders.id"] if request.ticket is not None else None
+        return self._scripted(node.id, scripts.CREATE, params, fields=fields, scripted_upsert=True, upsert={})
+
+    def _acquire_params(
+        self, node: Node, mode: modes.Mode, holder: dict[str, Any], request: LockRequest
+    ) -> dict[str, Any]:
+        return {
+            "holder": {**holder, "mode": mode.value},
+            "conflicts": sorted(m.value for m in modes.conflicting(mode)),
+            "reentrant": request.reentrant,
+            "ticket": request.ticket,
+            "marker_ttl_ms": round(self.marker_ttl * 1000),
+            "ttl_ms": request.ttl_ms,
+            "node": _node_fields(node),
+        }
+
+    # --- conditional deletes ----------------------------------------------------
+
+    def _note_sole(self, holder_id: str, written: Sequence[tuple[Node, Mapping[str, Any]]]) -> None:
+        """Remember the nodes ``holder_id`` just created: it is their only holder, as of that write.
+
+        Release then deletes such a node outright, conditional on its
+        ``_seq_no`` (no script runs); any later write to the node makes the
+        delete fail with 409, and the scripted release takes over.
+        """
+        versions = {}
+        for node, item in written:
+            body = next(iter(item.values()))
+            if body.get("result") == "created":
+                versions[node.id] = (body["_seq_no"], body["_primary_term"])
+        if not versions:
+            return
+        with self._sole_lock:
+            self._sole.setdefault(holder_id, {}).update(versions)
+            while len(self._sole) > SOLE_HOLDS_KEPT:
+                del self._sole[next(iter(self._sole))]  # the oldest: it is only a shortcut
+
+    def _renewed_sole(self, holder_id: str, nodes: Sequence[Node], items: Sequence[Mapping[str, Any]]) -> None:
+        """Move the conditional-delete facts of ``holder_id`` to its renewal's writes, where still alone."""
+        with self._sole_lock:
+            versions = self._sole.get(holder_id)
+            if versions is None:
+                return
+            for node, item in zip(nodes, items, strict=True):
+                body = item["update"]
+                source = body.get("get", {}).get("_source") or {}
+                holder_ids = [h.get("id") for h in source.get("holders") or ()]
+                if body.get("result") == "updated" and holder_ids == [holder_id] and not source.get("waiters"):
+                    versions[node.id] = (body["_seq_no"], body["_primary_term"])
+                else:
+                    versions.pop(node.id, None)
+
+    def _forget_sole(self, holder_id: str) -> dict[str, tuple[int, int]]:
+        with self._sole_lock:
+            return self._sole.pop(holder_id, {})
 
     def withdraw(self, request: LockRequest) -> None:
         params = {"holder_id": request.holder_id}
@@ -349,20 +472,40 @@ class ElasticsearchLockBackend(BaseLockBackend):
     def _release_nodes(
         self, holder_id: str, owner_key: str | None, nodes: Sequence[Node], *, quiet: bool = False
     ) -> bool:
-        """Remove ``holder_id`` (of ``owner_key``, or anyone's) from ``nodes``; True if it was on all."""
+        """Remove ``holder_id`` (of ``owner_key``, or anyone's) from ``nodes``; True if it was on all.
+
+        A node this holder created and that nobody wrote since is deleted
+        outright (if ``_seq_no`` still matches); the others, and any such
+        delete that fails, go through the RELEASE script.
+        """
+        sole = self._forget_sole(holder_id)
         if not nodes:
             return True
         params = {"holder_id": holder_id, "owner_key": owner_key}
-        operations = [op for node in nodes for op in self._scripted(node.id, scripts.RELEASE, params)]
+        operations: list[dict[str, Any]] = []
+        for node in nodes:
+            if node.id in sole:
+                seq_no, primary_term = sole[node.id]
+                header = {"_index": self.index, "_id": node.id, "if_seq_no": seq_no, "if_primary_term": primary_term}
+                operations.append({"delete": header})
+            else:
+                operations += self._scripted(node.id, scripts.RELEASE, params)
         try:
             items = self._bulk(operations, "release")
+            changed = [
+                node for node, item in zip(nodes, items, strict=True) if "delete" in item and _result(item) != "deleted"
+            ]
+            scripted = [(node, item) for node, item in zip(nodes, items, strict=True) if "update" in item]
+            if changed:
+                operations = [op for node in changed for op in self._scripted(node.id, scripts.RELEASE, params)]
+                scripted += zip(changed, self._bulk(operations, "release"), strict=True)
         except LockBackendUnavailable:
             if quiet:
                 return False  # the lease will end it; the caller is already failing
             raise
         all_there = True
         failures = []
-        for node, item in zip(nodes, items, strict=True):
+        for node, item in scripted:
             body = item["update"]
             if body.get("result") in ("updated", "deleted"):
                 continue
@@ -388,10 +531,14 @@ class ElasticsearchLockBackend(BaseLockBackend):
             "checkpoint": checkpoint,
             "recovery": recovery,
         }
-        operations = [op for node in grant.taken for op in self._scripted(node.id, scripts.RENEW, params)]
+        fields = ["holders.id", "waiters.id"]
+        operations = [
+            op for node in grant.taken for op in self._scripted(node.id, scripts.RENEW, params, fields=fields)
+        ]
         if not operations:
             return True
         items = self._bulk(operations, "renew")
+        self._renewed_sole(grant.request.holder_id, grant.taken, items)
         transient = [i["update"] for i in items if i["update"].get("status") in (409, 429)]
         if transient:
             raise LockBackendUnavailable(f"Elasticsearch was too busy to renew: {transient[0].get('error')}")
@@ -469,6 +616,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
             response = self.client.options(ignore_status=404).get(index=self.index, id=node.id)
         return _records(response["_source"]) if response.get("found") else []
 
+    page_size = 5000
+    """Nodes per search page: every search costs a scan of the index on noida-db, so few, large pages."""
+
     def evict_expired(
         self,
         *,
@@ -477,7 +627,23 @@ class ElasticsearchLockBackend(BaseLockBackend):
         dry_run: bool = False,
         progress: Callable[[int], None] | None = None,
     ) -> list[HolderRecord]:
+        """Delete the nodes whose holders are all long expired outright, then run EVICT on the rest.
+
+        The first pass asks for no inner hits (noida-db's dearest part of a
+        search) and deletes conditional on the ``_seq_no`` the search saw, so
+        a node written since is left to the second pass, where EVICT compares
+        ``ctx._now`` to the millisecond.
+        """
         evicted: list[HolderRecord] = []
+        if not dry_run:
+            live = {
+                "nested": {"path": "holders", "query": {"bool": {"must_not": _expired_query(grace, STALE_MARGIN_S)}}}
+            }
+            stale = {"path": "holders", "query": _expired_query(grace, STALE_MARGIN_S)}
+            for hits in self._search_pages(stale, namespace=namespace, must_not=live, inner_hits=False):
+                evicted.extend(self._delete_stale(hits))
+                if progress is not None:
+                    progress(len(evicted))
         for page in self._holder_pages(_expired_query(grace), namespace=namespace):
             found = [r for r in page if not r.intent]
             if dry_run:
@@ -487,6 +653,34 @@ class ElasticsearchLockBackend(BaseLockBackend):
             if progress is not None:
                 progress(len(evicted))
         return evicted
+
+    def _delete_stale(self, hits: list[dict[str, Any]]) -> list[HolderRecord]:
+        """Delete the nodes of ``hits`` (all holders stale) that carry no intent and no marker, if unchanged."""
+        chosen = [
+            hit
+            for hit in hits
+            if not hit["_source"].get("waiters") and not any(h.get("intent") for h in hit["_source"]["holders"])
+        ]
+        if not chosen:
+            return []
+        operations = [
+            {
+                "delete": {
+                    "_index": self.index,
+                    "_id": hit["_id"],
+                    "if_seq_no": hit["_seq_no"],
+                    "if_primary_term": hit["_primary_term"],
+                }
+            }
+            for hit in chosen
+        ]
+        items = self._bulk(operations, "evict expired holders")
+        return [
+            r
+            for hit, item in zip(chosen, items, strict=True)
+            if _result(item) == "deleted"
+            for r in _records(hit["_source"])
+        ]
 
     def _evict(self, found: list[HolderRecord], grace_ms: int) -> list[HolderRecord]:
         by_node: dict[str, list[HolderRecord]] = {}
@@ -507,32 +701,53 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 evicted.extend(r for r in records if r.holder_id not in left)
         return evicted
 
+    def _search_pages(
+        self,
+        nested: dict[str, Any],
+        *,
+        namespace: str | None = None,
+        must_not: dict[str, Any] | None = None,
+        inner_hits: bool = True,
+    ) -> Iterator[list[dict[str, Any]]]:
+        """Yield, page by page, the hits of nodes with a holder matching the ``nested`` query.
+
+        The matching holders come as inner hits "match" unless ``inner_hits``
+        is False; ``must_not`` excludes nodes. Hits carry ``_seq_no`` and
+        ``_primary_term``.
+        """
+        if not self._index_exists():
+            return
+        self._refresh()
+        if inner_hits:
+            nested = {**nested, "inner_hits": {"size": 100, "name": "match"}}
+        filters: list[dict[str, Any]] = [{"nested": nested}]
+        if namespace is not None:
+            filters.append({"term": {"namespace": namespace}})
+        query: dict[str, Any] = {"bool": {"filter": filters}}
+        if must_not is not None:
+            query["bool"]["must_not"] = [must_not]
+        body: dict[str, Any] = {
+            "query": query,
+            "sort": _SORT,
+            "size": self.page_size,
+            "seq_no_primary_term": True,
+            "track_total_hits": False,
+        }
+        while True:
+            with self._translate("search holders"):
+                hits = self.client.search(index=self.index, **body)["hits"]["hits"]
+            if hits:
+                yield hits
+            if len(hits) < self.page_size:
+                return
+            body["search_after"] = hits[-1]["sort"]
+
     def _holder_pages(
         self, nested_query: dict[str, Any], *, namespace: str | None = None
     ) -> Iterator[list[HolderRecord]]:
         """Yield, page by page, the holders matching ``nested_query`` (by inner hits)."""
-        if not self._index_exists():
-            return
-        self._refresh()
-        filters: list[dict[str, Any]] = [
-            {"nested": {"path": "holders", "query": nested_query, "inner_hits": {"size": 100, "name": "match"}}}
-        ]
-        if namespace is not None:
-            filters.append({"term": {"namespace": namespace}})
-        body: dict[str, Any] = {"query": {"bool": {"filter": filters}}, "sort": _SORT, "size": self.page_size}
-        while True:
-            with self._translate("search holders"):
-                hits = self.client.search(index=self.index, **body)["hits"]["hits"]
-            if not hits:
-                return
-            yield [
-                record
-                for hit in hits
-                for record in _records(
-                    hit["_source"], [h["_source"] for h in hit["inner_hits"]["match"]["hits"]["hits"]]
-                )
-            ]
-            body["search_after"] = hits[-1]["sort"]
+        for hits in self._search_pages({"path": "holders", "query": nested_query}, namespace=namespace):
+            yield [record for hit in hits for record in _hit_records(hit)]
 
     def holder_records(self, holder_id: str) -> list[HolderRecord]:
         return [r for page in self._holder_pages({"term": {"holders.id": holder_id}}) for r in page]

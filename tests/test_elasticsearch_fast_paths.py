@@ -1,0 +1,117 @@
+"""The script-free paths of the Elasticsearch backend fall back to the scripts whenever a node changed."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from django_esdlock.backends.elasticsearch import STALE_MARGIN_S
+from django_esdlock.conf import load_backend
+from django_esdlock.modes import Mode
+from django_esdlock.reaper import Reaper
+from django_esdlock.records import Kind, LockRequest, Node, Owner
+
+from .stores import es_store
+
+OWNER = Owner.current()
+HOUR_MS = 3_600_000
+
+
+@pytest.fixture
+def backend(es_url):
+    with es_store(es_url) as config:
+        backend = load_backend(config)
+        backend.setup()
+        yield backend
+        backend.close()
+
+
+def tree(*targets):
+    return LockRequest(uuid.uuid4().hex, OWNER, tuple((Node("fs", Kind.TREE, p), Mode(m)) for p, m in targets), 30)
+
+
+def source(backend, key):
+    response = backend.client.options(ignore_status=404).get(index=backend.index, id=Node("fs", Kind.TREE, key).id)
+    return response["_source"] if response.get("found") else None
+
+
+def test_uncontended_pair_leaves_nothing_behind(backend):
+    grant = backend.acquire(tree(("/a", "IX"), ("/a/b", "X")))
+    assert grant is not None and grant.token > 0
+    assert [h["id"] for h in source(backend, "/a")["holders"]] == [grant.request.holder_id]
+    assert backend.release(grant) is True
+    assert source(backend, "/a") is None and source(backend, "/a/b") is None
+    assert backend._sole == {}
+
+
+def test_release_keeps_a_holder_that_joined_after_the_create(backend):
+    first = backend.acquire(tree(("/a", "IX"), ("/a/b", "X")))
+    second = backend.acquire(tree(("/a", "IX"), ("/a/c", "X")))  # /a exists: ACQUIRE joins it
+    assert first is not None and second is not None
+    assert second.token > first.token
+    assert backend.release(first) is True  # the delete of /a fails on _seq_no; RELEASE runs
+    assert [h["id"] for h in source(backend, "/a")["holders"]] == [second.request.holder_id]
+    assert source(backend, "/a/b") is None
+    assert backend.release(second) is True
+    assert source(backend, "/a") is None
+
+
+def test_release_after_renewal_still_deletes_without_a_script(backend):
+    grant = backend.acquire(
+        tree(
+            ("/r", "X"),
+        )
+    )
+    assert backend.renew(grant) is True
+    versions = backend._sole[grant.request.holder_id]
+    assert (
+        versions[Node("fs", Kind.TREE, "/r").id][0]
+        == backend.client.get(index=backend.index, id="tree:fs:/r")["_seq_no"]
+    )
+    assert backend.release(grant) is True
+    assert source(backend, "/r") is None
+
+
+def test_refused_acquire_gives_back_what_it_created(backend):
+    holder = backend.acquire(
+        tree(
+            ("/x", "X"),
+        )
+    )
+    assert backend.acquire(tree(("/y", "IX"), ("/x", "IX"))) is None
+    assert source(backend, "/y") is None
+    assert backend.release(holder) is True
+
+
+def _write(backend, key, holders):
+    document = {"namespace": "fs", "kind": "tree", "key": key, "parent": None, "depth": 1, "holders": holders}
+    backend.client.index(index=backend.index, id=Node("fs", Kind.TREE, key).id, document=document, refresh=True)
+
+
+def _holder(holder_id, expires_at, **extra):
+    return {
+        "id": holder_id,
+        "mode": "X",
+        "owner": OWNER.as_dict(),
+        "acquired_at": expires_at - 1,
+        "expires_at": expires_at,
+        **extra,
+    }
+
+
+def test_reaper_deletes_long_expired_nodes_and_spares_intents_and_live_holders(backend):
+    now_ms = int(time.time() * 1000)
+    long_ago = now_ms - HOUR_MS
+    _write(backend, "/stale", [_holder("s1", long_ago), _holder("s2", long_ago)])
+    _write(backend, "/intent", [_holder("i1", long_ago, intent={"op": "nothing-handles-this"})])
+    _write(backend, "/mixed", [_holder("m1", long_ago), _holder("m2", now_ms + HOUR_MS)])
+    _write(backend, "/recent", [_holder("r1", now_ms - 200)])  # within the margin: EVICT's call
+    assert STALE_MARGIN_S >= 1
+    evicted = backend.evict_expired(namespace="fs")
+    assert sorted(r.holder_id for r in evicted) == ["m1", "r1", "s1", "s2"]
+    assert source(backend, "/stale") is None and source(backend, "/recent") is None
+    assert [h["id"] for h in source(backend, "/intent")["holders"]] == ["i1"]
+    assert [h["id"] for h in source(backend, "/mixed")["holders"]] == ["m2"]
+    assert Reaper(backend, namespace="fs").run().evicted == []
