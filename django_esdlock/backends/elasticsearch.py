@@ -277,6 +277,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
         self._sole: dict[str, dict[str, tuple[int, int]]] = {}
         """holder id -> node id -> (seq_no, primary_term) of our last write, where it left that holder alone."""
         self._sole_lock = threading.Lock()
+        self._existing: dict[str, None] = {}
+        """Ids of nodes lately found existing, oldest first (a hint: a wrong one costs a round trip)."""
 
     def describe(self) -> str:
         return f"Elasticsearch {', '.join(self.hosts)} index {self.index!r}"
@@ -347,7 +349,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
 
         Uncontended, every node is fresh and the first ``_bulk`` is the only
         one; its short script is what makes it cheap. A node CREATE finds
-        existing (a no-op) goes to ACQUIRE in a second ``_bulk``.
+        existing (a no-op) goes to ACQUIRE in a second ``_bulk``; nodes this
+        backend lately found existing (shared ancestors, contended leaves) go
+        to ACQUIRE in the first.
         """
         self._ensure_index()
         holder = {"id": request.holder_id, "owner": request.owner.as_dict()}
@@ -356,27 +360,35 @@ class ElasticsearchLockBackend(BaseLockBackend):
         fields = ["holders.id", "holders.owner.key", "holders.mode"]
         fields_back = fields if request.reentrant or request.ticket is not None else None
         targets = list(request.targets)
+
+        def acquire_items(batch: Sequence[tuple[Node, modes.Mode]]) -> list[dict[str, Any]]:
+            params = [(node, self._acquire_params(node, mode, holder, request)) for node, mode in batch]
+            return [
+                op
+                for node, p in params
+                for op in self._scripted(
+                    node.id, scripts.ACQUIRE, p, fields=fields_back, scripted_upsert=True, upsert={}
+                )
+            ]
+
         try:
-            operations = [op for node, mode in targets for op in self._create_item(node, mode, holder, request)]
-            items = self._bulk(operations, "acquire")
-            existing = [target for target, item in zip(targets, items, strict=True) if _result(item) == "noop"]
-            created = [(t, i) for t, i in zip(targets, items, strict=True) if _result(i) != "noop"]
+            with self._sole_lock:
+                known = [t for t in targets if t[0].id in self._existing]
+            fresh = [t for t in targets if t not in known]
+            operations = [op for node, mode in fresh for op in self._create_item(node, mode, holder, request)]
+            items = self._bulk(operations + acquire_items(known), "acquire")
+            fresh_items, known_items = items[: len(fresh)], items[len(fresh) :]
+            existing = [t for t, i in zip(fresh, fresh_items, strict=True) if _result(i) == "noop"]
+            created = [(t, i) for t, i in zip(fresh, fresh_items, strict=True) if _result(i) != "noop"]
             self._note_sole(request.holder_id, [(node, item) for (node, _), item in created])
-            outcome = read_acquire_items(request, [i for _, i in created], [t for t, _ in created])
+            self._note_existing(
+                [n for n, _ in existing],
+                [n for (n, _), i in zip(known, known_items, strict=True) if _result(i) == "created"],
+            )
+            read = created + list(zip(known, known_items, strict=True))
+            outcome = read_acquire_items(request, [i for _, i in read], [t for t, _ in read])
             if existing and not (outcome.refused or outcome.errors):
-                operations = [
-                    op
-                    for node, mode in existing
-                    for op in self._scripted(
-                        node.id,
-                        scripts.ACQUIRE,
-                        self._acquire_params(node, mode, holder, request),
-                        fields=fields_back,
-                        scripted_upsert=True,
-                        upsert={},
-                    )
-                ]
-                items = self._bulk(operations, "acquire")
+                items = self._bulk(acquire_items(existing), "acquire")
                 outcome = _merge(outcome, read_acquire_items(request, items, existing))
             elif existing:
                 outcome.refused.extend(node for node, _ in existing)  # not tried: the request failed already
@@ -454,6 +466,18 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 else:
                     versions.pop(node.id, None)
 
+    def _note_existing(self, found: Sequence[Node], gone: Sequence[Node]) -> None:
+        """Remember which nodes exist (found) or not (gone, deleted): only which script acquire sends first."""
+        if not found and not gone:
+            return
+        with self._sole_lock:
+            for node in gone:
+                self._existing.pop(node.id, None)
+            for node in found:
+                self._existing[node.id] = None
+            while len(self._existing) > SOLE_HOLDS_KEPT:
+                del self._existing[next(iter(self._existing))]
+
     def _forget_sole(self, holder_id: str) -> dict[str, tuple[int, int]]:
         with self._sole_lock:
             return self._sole.pop(holder_id, {})
@@ -503,6 +527,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
             if quiet:
                 return False  # the lease will end it; the caller is already failing
             raise
+        deleted = [node for node, item in zip(nodes, items, strict=True) if _result(item) == "deleted"]
+        self._note_existing([], deleted + [node for node, item in scripted if _result(item) == "deleted"])
         all_there = True
         failures = []
         for node, item in scripted:
