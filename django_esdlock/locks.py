@@ -160,7 +160,6 @@ class Lock(contextlib.ContextDecorator):
             intent=self.intent,
             reentrant=self.reentrant,
         )
-        nodes = [node for node, _ in self.targets]
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         attempt = 0
         try:
@@ -181,7 +180,7 @@ class Lock(contextlib.ContextDecorator):
                     request = dataclasses.replace(request, ticket=time.time_ns())
                     continue
                 # A queued request polls often: everyone behind it waits for its turn.
-                backend.wait(nodes, min(remaining, QUEUED_POLL_CAP), attempt)
+                backend.wait(self.targets, min(remaining, QUEUED_POLL_CAP), attempt)
                 attempt += 1
         except BaseException:
             if request.ticket is not None:

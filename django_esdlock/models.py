@@ -37,13 +37,13 @@ class LockHolder(models.Model):
     """One holder of one node: a mode, an owner, a lease and a fencing token."""
 
     node = models.ForeignKey(LockNode, on_delete=models.CASCADE, related_name="holders", db_index=False)
-    holder_id = models.CharField(max_length=64, db_index=True)
+    holder_id = models.CharField(max_length=64)
     mode = models.CharField(max_length=2)
     owner = models.JSONField()
     owner_key = models.CharField(max_length=200)
     token = models.BigIntegerField()
     acquired_at = models.DateTimeField()
-    expires_at = models.DateTimeField(db_index=True)
+    expires_at = models.DateTimeField()
     intent = models.JSONField(null=True, blank=True)
     checkpoint = models.JSONField(null=True, blank=True)
     recovery = models.JSONField(null=True, blank=True, help_text="Set once a reaper took the holder over")
@@ -52,6 +52,9 @@ class LockHolder(models.Model):
         db_table = "esdlock_holder"
         verbose_name = "lock holder"
         constraints = [models.UniqueConstraint(fields=["node", "holder_id"], name="esdlock_holder_node_holder_uniq")]
+        # Every index is paid for by each acquire and release: only lookups by
+        # holder id (the admin's force release) get one besides the unique key.
+        indexes = [models.Index(fields=["holder_id"], name="esdlock_holder_holder_id")]
 
     def __str__(self) -> str:
         return f"{self.holder_id} {self.mode} on {self.node_id}"

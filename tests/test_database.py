@@ -642,6 +642,31 @@ def test_release_wakes_a_waiter_through_notify(pg_config, backend_of):
         peer.close()
 
 
+def test_release_wakes_only_waiters_it_may_free(pg_config, backend_of):
+    """Giving back intention locks on a shared ancestor wakes nobody waiting for a leaf; the leaf's release does."""
+    backend = backend_of(pg_config)
+    peer = Peer(pg_config)
+    try:
+        peer.acquire("held", scheme="tree", path="/t/leaf")
+        peer.acquire("sibling", scheme="tree", path="/t/sibling")
+        targets = lock_tree("/t/leaf", backend=backend).targets  # IX on /t, X on /t/leaf
+        request = LockRequest(uuid.uuid4().hex, Owner.current(), targets, ttl=30)
+        backend.wait_for_release([Node("default", Kind.TREE, "/t")], 1)  # starts the listener
+        assert backend.acquire(request) is None
+        peer.release("sibling")  # IX on /t and X on /t/sibling: frees nothing this request waits for
+        started = time.monotonic()
+        backend.wait(targets, 0.5, attempt=30)
+        assert time.monotonic() - started >= 0.45
+        assert backend.acquire(request) is None
+        threading.Timer(0.2, peer.release, args=("held",)).start()
+        started = time.monotonic()
+        backend.wait(targets, 30, attempt=30)  # the fallback step alone would sleep 1 to 2 s
+        assert time.monotonic() - started < 0.9
+        assert backend.acquire(request) is not None
+    finally:
+        peer.close()
+
+
 def test_sqlite_waits_by_backoff(sqlite_store_config, backend_of):
     backend = backend_of(sqlite_store_config)
     assert not backend.supports_notify

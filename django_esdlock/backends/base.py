@@ -148,8 +148,8 @@ class BaseLockBackend(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot take a holder over")
 
-    def wait(self, nodes: Sequence[Node], timeout: float, attempt: int) -> None:
-        """Block until one of ``nodes`` may have been released, at most ``timeout`` seconds.
+    def wait(self, targets: Sequence[tuple[Node, Mode]], timeout: float, attempt: int) -> None:
+        """Block until a release may have freed one of ``targets`` (node, mode asked), at most ``timeout`` seconds.
 
         The default sleeps a capped exponential backoff step with jitter;
         stores that can notify override it.

@@ -667,21 +667,26 @@ class DatabaseLockBackend(BaseLockBackend):
         return cursor.fetchone()[0]
 
     def release(self, grant: Grant) -> bool:
-        return self._release(grant.request.holder_id, grant.request.owner.key, grant.taken)
+        asked = dict(grant.request.targets)
+        released = [(node, asked[node]) for node in grant.taken]
+        return self._release(grant.request.holder_id, grant.request.owner.key, released)
 
     def force_release(self, holder_id: str, nodes: Sequence[Node]) -> bool:
-        return self._release(holder_id, None, nodes)
+        return self._release(holder_id, None, [(node, None) for node in nodes])
 
-    def _release(self, holder_id: str, owner_key: str | None, nodes: Sequence[Node]) -> bool:
-        """Remove ``holder_id`` (of ``owner_key``, or anyone's) from ``nodes``; True if it was on all."""
-        ids = sorted({node.id for node in nodes})
+    def _release(self, holder_id: str, owner_key: str | None, released: Sequence[tuple[Node, Mode | None]]) -> bool:
+        """Remove ``holder_id`` (of ``owner_key``, or anyone's) from the nodes; True if it was on all.
+
+        The modes, where known, only narrow whom the release notification wakes.
+        """
+        ids = sorted({node.id for node, _ in released})
         if not ids:
             return True
         params = {"ids": ids, "holder_id": holder_id, "owner_key": owner_key}
 
         def work(cursor: Any) -> tuple[bool, bool]:
             if self.vendor == "postgresql":
-                cursor.execute(PostgresSQL.RELEASE, {**params, "payload": _payload(ids)})
+                cursor.execute(PostgresSQL.RELEASE, {**params, "payload": _payload(released)})
                 removed = cursor.fetchone()[0]
             else:
                 now = self._sqlite_now(cursor)
@@ -791,19 +796,22 @@ class DatabaseLockBackend(BaseLockBackend):
 
     # --- waiting ---------------------------------------------------------------
 
-    def wait(self, nodes: Sequence[Node], timeout: float, attempt: int) -> None:
-        """Block until a release of one of ``nodes`` is announced, a backoff step passes, or ``timeout``.
+    def wait(self, targets: Sequence[tuple[Node, Mode]], timeout: float, attempt: int) -> None:
+        """Block until a release that may free one of ``targets`` is announced, a backoff step passes, or ``timeout``.
 
-        On PostgreSQL a release wakes the waiter (``LISTEN/NOTIFY``); the
-        backoff step, longer then, is only the fallback for leases that run
-        out. Without a listener this sleeps the ordinary backoff step.
+        On PostgreSQL a release wakes the waiter (``LISTEN/NOTIFY``) if it
+        gave back a node of ``targets`` in a mode that conflicts with the one
+        asked there: releases of intention holders above a leaf do not wake
+        every waiter in the tree. The backoff step, longer then, is only the
+        fallback for leases that run out. Without a listener this sleeps the
+        ordinary backoff step.
         """
         listener = self._listening(timeout)
         if listener is None:
-            super().wait(nodes, timeout, attempt)
+            super().wait(targets, timeout, attempt)
         else:
             step = backoff_delay(attempt, initial=NOTIFY_FALLBACK_INITIAL, cap=NOTIFY_FALLBACK_CAP)
-            self._wait_on(listener, nodes, min(timeout, step))
+            self._wait_on(listener, _wake_tokens(targets), min(timeout, step))
 
     def wait_for_release(self, nodes: Sequence[Node], timeout: float) -> bool:
         """Block until a release touching ``nodes`` is announced; return False after ``timeout``.
@@ -818,12 +826,12 @@ class DatabaseLockBackend(BaseLockBackend):
         if listener is None:
             time.sleep(timeout)
             return False
-        return self._wait_on(listener, nodes, timeout)
+        return self._wait_on(listener, _wake_tokens([(node, Mode.X) for node in nodes]), timeout)
 
-    def _wait_on(self, listener: _Listener, nodes: Sequence[Node], timeout: float) -> bool:
+    def _wait_on(self, listener: _Listener, tokens: frozenset[str], timeout: float) -> bool:
         seen = getattr(self._local, "notify_seen", None)
         since = seen[1] if seen is not None and seen[0] is listener else None
-        return listener.wait(frozenset(node_tag(node.id) for node in nodes), since, timeout)
+        return listener.wait(tokens, since, timeout)
 
     def _listening(self, timeout: float) -> _Listener | None:
         """Return this process's listener once it listens, starting it if needed; None if it cannot."""
@@ -1040,9 +1048,20 @@ def _sqlite_offset(ms: int) -> str:
     return f"{ms / 1000:+.3f} seconds"
 
 
-def _payload(ids: Sequence[str]) -> str:
-    payload = ",".join(node_tag(node_id) for node_id in ids)
+def _payload(released: Sequence[tuple[Node, Mode | None]]) -> str:
+    """Name what a release gave back: ``tag:mode`` per node (``tag:*`` when the mode is unknown)."""
+    payload = ",".join(f"{node_tag(node.id)}:{'*' if mode is None else mode.value}" for node, mode in released)
     return payload if len(payload) <= NOTIFY_PAYLOAD_LIMIT else "*"
+
+
+def _wake_tokens(targets: Sequence[tuple[Node, Mode]]) -> frozenset[str]:
+    """The payload entries that may free one of ``targets``: its node released in a conflicting or unknown mode."""
+    tokens = set()
+    for node, mode in targets:
+        tag = node_tag(node.id)
+        tokens.add(f"{tag}:*")
+        tokens.update(f"{tag}:{held.value}" for held in modes.conflicting(mode))
+    return frozenset(tokens)
 
 
 def _psycopg3() -> bool:
