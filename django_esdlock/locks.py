@@ -26,12 +26,6 @@ logger = logging.getLogger("django_esdlock")
 
 Targets = tuple[tuple[Node, Mode], ...]
 
-QUEUED_POLL_CAP = 0.025
-"""Longest sleep between attempts of a queued request: the lock idles while its head sleeps.
-
-Stores that notify wake a waiter on release sooner; this bounds the others.
-"""
-
 
 def _validate_timeout(timeout: Any) -> float | None:
     if timeout is None:
@@ -180,7 +174,7 @@ class Lock(contextlib.ContextDecorator):
                     request = dataclasses.replace(request, ticket=time.time_ns())
                     continue
                 # A queued request polls often: everyone behind it waits for its turn.
-                backend.wait(self.targets, min(remaining, QUEUED_POLL_CAP), attempt)
+                backend.wait(self.targets, min(remaining, backend.queued_poll_cap), attempt)
                 attempt += 1
         except BaseException:
             if request.ticket is not None:

@@ -27,6 +27,12 @@ class BaseLockBackend(abc.ABC):
     page_size: int = 500
     """How many nodes maintenance work (reaping, searches) reads and writes at a time."""
 
+    queued_poll_cap: float = 0.01
+    """Longest sleep between attempts of a queued request: the lock idles while the head of its queue sleeps.
+
+    Stores that wake waiters on release poll less often.
+    """
+
     marker_ttl: float = 3.0
     """Seconds a waiting marker lasts unless its request tries again (it must outlast a backoff step)."""
 

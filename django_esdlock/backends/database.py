@@ -66,6 +66,9 @@ SQLITE_BUSY_TIMEOUT = 20.0
 
 SQLITE_WAL_SWITCH_TIMEOUT_MS = 200
 
+NOTIFY_QUEUED_POLL_CAP = 0.1
+"""Longest sleep of a queued waiter that listens (see ``BaseLockBackend.queued_poll_cap``)."""
+
 NOTIFY_FALLBACK_INITIAL = 0.05
 NOTIFY_FALLBACK_CAP = 2.0
 """Longest wait between attempts while listening: a lease that runs out sends no notification."""
@@ -331,6 +334,8 @@ class DatabaseLockBackend(BaseLockBackend):
             raise ImproperlyConfigured("DatabaseLockBackend needs a SQLite database file, not an in-memory database")
         self.sql: type[PostgresSQL] | type[SQLiteSQL] = PostgresSQL if self.vendor == "postgresql" else SQLiteSQL
         self.supports_notify = self.vendor == "postgresql" and _psycopg3()
+        if self.supports_notify:  # a release wakes waiters; polling only catches leases that ran out
+            self.queued_poll_cap = NOTIFY_QUEUED_POLL_CAP
         self._local = threading.local()
         self._lock = threading.Lock()
         # Weak: a thread's connection goes with the thread (see _ThreadConnection).

@@ -219,6 +219,8 @@ def format_facts(facts: Mapping[str, Any]) -> str:
     before, after = facts.get("loadavg_before"), facts.get("loadavg_after")
     if before and after:
         parts.append(f"load average {before[0]:.2f} before, {after[0]:.2f} after")
+    if facts.get("wake_floor") is not None:
+        parts.append(f"an idle process sees a pipe message after {facts['wake_floor'] * 1000:.2f} ms (p50)")
     if "elasticsearch" in facts:
         parts.append(str(facts["elasticsearch"].get("server")))
     if "postgres" in facts:

@@ -22,7 +22,9 @@ BENCH_TTL = 30.0
 def elasticsearch_store(url: str) -> Iterator[dict[str, Any]]:
     """Yield a lock config on a fresh index of the cluster at ``url``; delete the index (and ``<index>-*``) after."""
     index = f"esdlock-bench-{uuid.uuid4().hex[:12]}"
-    config = {"BACKEND": ELASTICSEARCH_BACKEND, "OPTIONS": {"hosts": [url], "index": index}, "TTL": BENCH_TTL}
+    # Generous timeouts: a test server may take seconds per search of a 100k-node index.
+    options = {"hosts": [url], "index": index, "request_timeout": 60}
+    config = {"BACKEND": ELASTICSEARCH_BACKEND, "OPTIONS": options, "TTL": BENCH_TTL}
     try:
         yield config
     finally:

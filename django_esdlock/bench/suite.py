@@ -110,6 +110,7 @@ def run(options: Options, say: Callable[[str], None] = lambda message: None) -> 
     say(f"starting {max(options.workers, options.churners)} worker processes")
     pool = WorkerPool(max(options.workers, options.churners), settings_module)
     try:
+        report.facts["wake_floor"] = pool.wake_floor(rounds=max(10, options.wake_rounds // 2))
         for store in options.stores:
             try:
                 with _kit(store, options) as kit:

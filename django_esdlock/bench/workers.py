@@ -114,6 +114,9 @@ def _serve(settings_module: str, conn: Connection) -> None:
             message = conn.recv()
             if message[0] == "quit":
                 return
+            if message[0] == "ping":
+                conn.send(time.monotonic())
+                continue
             if message[0] == "forget":
                 backend = backends.pop(json.dumps(message[1], sort_keys=True), None)
                 if backend is not None:
@@ -156,6 +159,20 @@ class WorkerPool:
         for conn in self.conns:
             if self.receive(conn) != "ready":
                 raise WorkerError("a worker did not start")
+
+    def wake_floor(self, rounds: int) -> float:
+        """Return the median time an idle worker takes to see a message: a floor under every wake-up figure.
+
+        Each round sleeps 20 ms first, so the worker (and the CPU it ran on) is idle when the message comes.
+        """
+        conn = self.conns[0]
+        delays = []
+        for _ in range(rounds):
+            time.sleep(0.02)
+            sent = time.monotonic()
+            conn.send(("ping",))
+            delays.append(self.receive(conn) - sent)
+        return sorted(delays)[len(delays) // 2]
 
     def start(self, task: str, config: dict[str, Any], count: int, **kwargs: Any) -> list[Connection]:
         """Start ``task`` on the first ``count`` workers; return their pipes (for the task's own messages)."""
