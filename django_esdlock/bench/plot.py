@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +28,8 @@ def plot(report: Report, path: str) -> None:
     stores = [s for s in report.options.stores if any(f.backend == s for f in report.figures)]
     fig, axes = plt.subplots(3, 3, figsize=(18, 14), layout="constrained")
     title = f"django-esdlock lock_bench, {report.options.seconds:g} s per timed figure"
-    fig.suptitle(f"{title}\n{format_facts(report.facts)}", fontsize=13, fontweight="bold")
+    facts = "\n".join(textwrap.wrap(format_facts(report.facts), width=130))
+    fig.suptitle(f"{title}\n{facts}", fontsize=13, fontweight="bold")
     for ax, store in zip(axes[0][:2], ("elasticsearch", "postgres"), strict=True):
         _pairs(ax, by_key, store, report.options.depths)
     _requests(axes[0][2], by_key, stores, report.options.depths)
