@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -153,6 +152,10 @@ class Lock(contextlib.ContextDecorator):
             ttl=ttl,
             intent=self.intent,
             reentrant=self.reentrant,
+            # A request that may wait queues from its first refusal (fair
+            # waiting): its markers make newcomers wait behind it at once, so
+            # its wait is bounded by the holds already there when it came.
+            ticket=None if self.timeout == 0 else time.time_ns(),
         )
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         attempt = 0
@@ -167,12 +170,6 @@ class Lock(contextlib.ContextDecorator):
                 remaining = math.inf if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
                     raise LockTimeout(f"{self._describe()} stayed unavailable for {self.timeout:g}s")
-                if request.ticket is None:
-                    # Refused once: it queues (fair waiting) and tries again at
-                    # once, so its markers make newcomers wait behind it from
-                    # now on and its wait is bounded by the holds already there.
-                    request = dataclasses.replace(request, ticket=time.time_ns())
-                    continue
                 # A queued request polls often: everyone behind it waits for its turn.
                 backend.wait(self.targets, min(remaining, backend.queued_poll_cap), attempt)
                 attempt += 1

@@ -119,12 +119,13 @@ class LockRequest:
     reentrant: bool = False
     """Document locks: a node this owner already holds in the same mode counts as taken."""
     ticket: int | None = None
-    """Queue position of a request that has waited (None before its first refusal).
+    """Queue position (when the request started, ns) of a request that may wait; None: it never queues.
 
     A refused request with a ticket leaves a waiting marker on the nodes that
-    refused it; markers with a smaller ticket refuse it, newcomers queue
-    behind it. Tickets only order waiters, so clock skew between hosts costs
-    fairness at worst, never safety.
+    refused it; markers with a smaller ticket refuse it, so later requests
+    queue behind it. Tickets only order waiters, so clock skew between hosts
+    costs fairness at worst, never safety; a request without a ticket
+    (``timeout=0``) is refused by every marker in a conflicting mode.
     """
 
     @property
