@@ -36,6 +36,10 @@ class BaseLockBackend(abc.ABC):
     marker_ttl: float = 3.0
     """Seconds a waiting marker lasts unless its request tries again (it must outlast a backoff step)."""
 
+    @property
+    def marker_ttl_ms(self) -> int:
+        return round(self.marker_ttl * 1000)
+
     def __init__(self, *, ttl: float = 30.0) -> None:
         self.ttl = ttl
 

@@ -610,14 +610,13 @@ class DatabaseLockBackend(BaseLockBackend):
                 "intent": _json(request.intent),
                 "reentrant": request.reentrant,
                 "ticket": request.ticket,
-                "marker_ttl_ms": round(self.marker_ttl * 1000),
+                "marker_ttl_ms": self.marker_ttl_ms,
             },
         )
         cursor.nextset()
         token, taken, wrote = cursor.fetchone()
         if taken is None:
             return None, wrote  # commit only the waiting markers it left, if any
-
         taken_ids = set(taken)
         return Grant(request=request, token=token, taken=tuple(node for node in nodes if node.id in taken_ids)), True
 
@@ -631,14 +630,14 @@ class DatabaseLockBackend(BaseLockBackend):
         if decision.refused:
             if request.ticket is None:
                 return None, False
-            marker_ttl_ms = round(self.marker_ttl * 1000)
             marker = {
                 "refused": json.dumps([[node.id, mode.value] for node, mode in decision.refused]),
                 "holder_id": request.holder_id,
                 "ticket": request.ticket,
-                "renew_before": self._sqlite_time(cursor, now, marker_ttl_ms // 2),
+                "renew_before": self._sqlite_time(cursor, now, self.marker_ttl_ms // 2),
             }
-            cursor.execute(SQLiteSQL.WRITE_MARKERS, {**marker, "now": now, "offset": _sqlite_offset(marker_ttl_ms)})
+            offset = _sqlite_offset(self.marker_ttl_ms)
+            cursor.execute(SQLiteSQL.WRITE_MARKERS, {**marker, "now": now, "offset": offset})
             return None, cursor.rowcount > 0  # commit only markers it left or renewed
         cursor.execute(SQLiteSQL.CREATE_NODES, {"nodes": json.dumps([_node_row(node) for node in nodes])})
         cursor.execute(SQLiteSQL.EVICT_FOR_ACQUIRE, {"ids": ids, "holder_id": request.holder_id, "now": now})
@@ -831,6 +830,7 @@ class DatabaseLockBackend(BaseLockBackend):
         if listener is None:
             time.sleep(timeout)
             return False
+        # X conflicts with every mode: any release of these nodes counts.
         return self._wait_on(listener, _wake_tokens([(node, Mode.X) for node in nodes]), timeout)
 
     def _wait_on(self, listener: _Listener, tokens: frozenset[str], timeout: float) -> bool:

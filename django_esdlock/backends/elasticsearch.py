@@ -425,7 +425,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
             "conflicts": sorted(m.value for m in modes.conflicting(mode)),
             "reentrant": request.reentrant,
             "ticket": request.ticket,
-            "marker_ttl_ms": round(self.marker_ttl * 1000),
+            "marker_ttl_ms": self.marker_ttl_ms,
             "ttl_ms": request.ttl_ms,
             "node": _node_fields(node),
         }
