@@ -61,19 +61,20 @@ class LockHolder(models.Model):
 
 
 class LockWaiter(models.Model):
-    """A waiting marker: a request that has waited for a node queues newcomers behind it (fair waiting).
+    """A waiting marker: a request refused on a node queues later requests behind it (fair waiting).
 
     A live marker in a mode that conflicts with a request refuses that request
     if it came later (no ticket, or a larger one), unless its owner already
-    holds the node. Markers last a short lease, refreshed by each attempt of
-    their request, and go when it is granted or gives up. No foreign key: a
-    marker may outlive its node's row, which a release deletes.
+    holds the node. Markers last a short lease, renewed by their request's
+    attempts once half of it has passed, and go when it is granted or gives
+    up. No foreign key: a marker may outlive its node's row, which a release
+    deletes.
     """
 
     node_id = models.CharField(max_length=512)
     holder_id = models.CharField(max_length=64)
     mode = models.CharField(max_length=2)
-    ticket = models.BigIntegerField(help_text="Queue position: when the request started to queue (ns)")
+    ticket = models.BigIntegerField(help_text="Queue position: when the request started (ns)")
     expires_at = models.DateTimeField()
 
     class Meta:

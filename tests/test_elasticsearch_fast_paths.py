@@ -59,11 +59,7 @@ def test_release_keeps_a_holder_that_joined_after_the_create(backend):
 
 
 def test_release_after_renewal_still_deletes_without_a_script(backend):
-    grant = backend.acquire(
-        tree(
-            ("/r", "X"),
-        )
-    )
+    grant = backend.acquire(tree(("/r", "X")))
     assert backend.renew(grant) is True
     versions = backend._sole[grant.request.holder_id]
     assert (
@@ -75,11 +71,7 @@ def test_release_after_renewal_still_deletes_without_a_script(backend):
 
 
 def test_refused_acquire_gives_back_what_it_created(backend):
-    holder = backend.acquire(
-        tree(
-            ("/x", "X"),
-        )
-    )
+    holder = backend.acquire(tree(("/x", "X")))
     assert backend.acquire(tree(("/y", "IX"), ("/x", "IX"))) is None
     assert source(backend, "/y") is None
     assert backend.release(holder) is True

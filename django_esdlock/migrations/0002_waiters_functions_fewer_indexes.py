@@ -209,7 +209,7 @@ class Migration(migrations.Migration):
                 ('node_id', models.CharField(max_length=512)),
                 ('holder_id', models.CharField(max_length=64)),
                 ('mode', models.CharField(max_length=2)),
-                ('ticket', models.BigIntegerField(help_text='Queue position: when the request started to queue (ns)')),
+                ('ticket', models.BigIntegerField(help_text='Queue position: when the request started (ns)')),
                 ('expires_at', models.DateTimeField()),
             ],
             options={
