@@ -29,6 +29,34 @@ SETUP_LOCK_KEY = 0x65_73_64_6C_6F_63_6B
 """PostgreSQL advisory lock key that serializes concurrent ``setup()`` calls ("esdlock")."""
 
 
+def _page(record_columns: str, node_order: str, holder_order: str) -> str:
+    """Pages of nodes that have a holder matching {holders}, with those holders, in node then holder order.
+
+    ``{nodes}`` and ``{holders}`` stay in the text, filled later with joined
+    constant fragments; the orders differ per database only in collation.
+    """
+    return f"""
+WITH page AS (
+    SELECT n.id, n.namespace, n.kind, n.key FROM esdlock_node n
+    WHERE {{nodes}} AND EXISTS (SELECT 1 FROM esdlock_holder h WHERE h.node_id = n.id AND {{holders}})
+    ORDER BY {node_order}
+    LIMIT %(limit)s
+)
+SELECT {record_columns} FROM page n JOIN esdlock_holder h ON h.node_id = n.id
+WHERE {{holders}}
+ORDER BY {node_order}, {holder_order}
+"""
+
+
+def _records(record_columns: str, node_order: str, holder_order: str) -> str:
+    """Every holder matching {nodes} and {holders} at once, in the order of :func:`_page`."""
+    return f"""
+SELECT {record_columns} FROM esdlock_holder h JOIN esdlock_node n ON n.id = h.node_id
+WHERE {{nodes}} AND {{holders}}
+ORDER BY {node_order}, {holder_order}
+"""
+
+
 class PostgresSQL:
     """Statements for PostgreSQL (psycopg), run at READ COMMITTED on the lock connection."""
 
@@ -111,21 +139,9 @@ n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner::text, h.tok
 (extract(epoch FROM h.acquired_at) * 1000)::bigint, (extract(epoch FROM h.expires_at) * 1000)::bigint,
 h.intent::text, h.checkpoint::text, h.recovery::text
 """
-    # Pages of nodes (ordered bytewise by namespace, kind and key, as
-    # Elasticsearch sorts keywords) that have a holder matching {holders},
-    # with those holders. {nodes} and {holders} are joined constant fragments.
+    # Nodes ordered bytewise by namespace, kind and key, as Elasticsearch sorts keywords.
     NODE_ORDER = 'n.namespace COLLATE "C", n.kind COLLATE "C", n.key COLLATE "C"'
-    PAGE = f"""
-WITH page AS (
-    SELECT n.id, n.namespace, n.kind, n.key FROM esdlock_node n
-    WHERE {{nodes}} AND EXISTS (SELECT 1 FROM esdlock_holder h WHERE h.node_id = n.id AND {{holders}})
-    ORDER BY {NODE_ORDER}
-    LIMIT %(limit)s
-)
-SELECT {RECORD_COLUMNS} FROM page n JOIN esdlock_holder h ON h.node_id = n.id
-WHERE {{holders}}
-ORDER BY {NODE_ORDER}, h.holder_id COLLATE "C"
-"""
+    PAGE = _page(RECORD_COLUMNS, NODE_ORDER, 'h.holder_id COLLATE "C"')
     AFTER = (
         '(n.namespace COLLATE "C", n.kind COLLATE "C", n.key COLLATE "C")'
         " > (%(after_namespace)s::text, %(after_kind)s::text, %(after_key)s::text)"
@@ -153,11 +169,7 @@ ORDER BY {NODE_ORDER}, h.holder_id COLLATE "C"
         ),
     }
     # Every matching holder at once (one holder's, one node's, the few awaiting recovery).
-    RECORDS = f"""
-SELECT {RECORD_COLUMNS} FROM esdlock_holder h JOIN esdlock_node n ON n.id = h.node_id
-WHERE {{nodes}} AND {{holders}}
-ORDER BY {NODE_ORDER}, h.holder_id COLLATE "C"
-"""
+    RECORDS = _records(RECORD_COLUMNS, NODE_ORDER, 'h.holder_id COLLATE "C"')
 
     # Evict the evictable holders of the locked nodes, delete nodes left
     # empty, and return what was removed.
@@ -289,17 +301,7 @@ n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner, h.token,
 {_sqlite_ms("h.acquired_at")}, {_sqlite_ms("h.expires_at")}, h.intent, h.checkpoint, h.recovery
 """
     NODE_ORDER = "n.namespace, n.kind, n.key"
-    PAGE = f"""
-WITH page AS (
-    SELECT n.id, n.namespace, n.kind, n.key FROM esdlock_node n
-    WHERE {{nodes}} AND EXISTS (SELECT 1 FROM esdlock_holder h WHERE h.node_id = n.id AND {{holders}})
-    ORDER BY {NODE_ORDER}
-    LIMIT %(limit)s
-)
-SELECT {RECORD_COLUMNS} FROM page n JOIN esdlock_holder h ON h.node_id = n.id
-WHERE {{holders}}
-ORDER BY {NODE_ORDER}, h.holder_id
-"""
+    PAGE = _page(RECORD_COLUMNS, NODE_ORDER, "h.holder_id")
     AFTER = "(n.namespace, n.kind, n.key) > (%(after_namespace)s, %(after_kind)s, %(after_key)s)"
     NODE_FILTERS = {
         "namespace": "n.namespace = %(namespace)s",
@@ -318,8 +320,4 @@ ORDER BY {NODE_ORDER}, h.holder_id
         "evictable": "h.intent IS NULL AND h.expires_at <= %(cutoff)s",
         "awaiting_recovery": "h.intent IS NOT NULL AND h.expires_at <= %(cutoff)s",
     }
-    RECORDS = f"""
-SELECT {RECORD_COLUMNS} FROM esdlock_holder h JOIN esdlock_node n ON n.id = h.node_id
-WHERE {{nodes}} AND {{holders}}
-ORDER BY {NODE_ORDER}, h.holder_id
-"""
+    RECORDS = _records(RECORD_COLUMNS, NODE_ORDER, "h.holder_id")
