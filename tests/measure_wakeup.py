@@ -50,6 +50,7 @@ def measure(config: dict, rounds: int, notify: bool) -> list[float]:
     conn, child = SPAWN.Pipe()
     waiter = SPAWN.Process(target=_waiter, args=(config, notify, child), daemon=True)
     waiter.start()
+    child.close()  # its death reads as EOF at once
     latencies = []
     try:
         for round_ in range(rounds + WARMUP_ROUNDS):

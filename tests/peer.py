@@ -91,12 +91,17 @@ class Peer:
         self._conn, child = SPAWN.Pipe()
         self.process = SPAWN.Process(target=_serve, args=(config, child), daemon=True)
         self.process.start()
+        child.close()  # the peer's end is its alone now: its death reads as EOF at once
 
     def _call(self, command: str, args: Any = None, timeout: float = 60) -> Any:
-        self._conn.send((command, args))
-        if not self._conn.poll(timeout):
-            raise TimeoutError(f"peer did not answer {command} within {timeout}s")
-        status, value = self._conn.recv()
+        try:
+            self._conn.send((command, args))
+            if not self._conn.poll(timeout):
+                raise TimeoutError(f"peer did not answer {command} within {timeout}s")
+            status, value = self._conn.recv()
+        except (EOFError, BrokenPipeError):
+            self.process.join(timeout=5)
+            raise AssertionError(f"peer exited with {self.process.exitcode} before answering {command}") from None
         if status == "error":
             raise AssertionError(f"peer failed on {command}:\n{value}")
         return value

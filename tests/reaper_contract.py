@@ -18,6 +18,7 @@ from django_esdlock.signals import lock_reaped, lock_unrecoverable
 from . import handlers  # noqa: F401  (registers the test recovery handlers)
 from .contract import all_holders, raw_grant
 from .peer import SPAWN, Peer, setup_django
+from .procs import spawned
 
 
 def reap(config, *args: str) -> dict:
@@ -34,13 +35,13 @@ def wait_until(predicate, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def _reaper_process(config, start, results) -> None:
+def _reaper_process(config, start) -> dict[str, int]:
     setup_django()
     from django_esdlock.conf import load_backend
 
     start.wait(30)
     report = Reaper(load_backend(config)).run()
-    results.put({"recovered": len(report.recovered), "lost_race": len(report.taken_by_other_reaper)})
+    return {"recovered": len(report.recovered), "lost_race": len(report.taken_by_other_reaper)}
 
 
 class ReaperContract:
@@ -118,14 +119,10 @@ class ReaperContract:
             with pytest.raises(LockUnavailable):  # expired, but its intent keeps it until recovered
                 time.sleep(1.2)
                 lock_tree("/clinton", timeout=0, backend=backend).acquire()
-            start, results = SPAWN.Event(), SPAWN.Queue()
-            reapers = [SPAWN.Process(target=_reaper_process, args=(lock_config, start, results)) for _ in range(2)]
-            for process in reapers:
-                process.start()
-            start.set()
-            outcomes = [results.get(timeout=60) for _ in reapers]
-            for process in reapers:
-                process.join(timeout=30)
+            start = SPAWN.Event()
+            with spawned(_reaper_process, [(lock_config, start)] * 2) as reapers:
+                start.set()
+                outcomes = reapers.results(timeout=60)
             runs = [json.loads(line) for line in out.read_text().splitlines()]
             assert len(runs) == 1, runs
             assert sum(o["recovered"] for o in outcomes) == 1

@@ -8,6 +8,7 @@ import random
 import time
 
 from .peer import SPAWN, setup_django
+from .procs import run_processes
 
 # A small tree: locking an inner node covers every leaf below it.
 TREE = ["/r", "/r/a", "/r/b", "/r/a/x", "/r/a/y", "/r/b/z", "/r/b/w"]
@@ -18,7 +19,7 @@ def leaves_under(path: str) -> list[int]:
     return [i for i, leaf in enumerate(LEAVES) if leaf == path or leaf.startswith(path + "/")]
 
 
-def _worker(config, counters, last_tokens, violations, rounds, seed, use_locks, results) -> None:
+def _worker(config, counters, last_tokens, violations, rounds, seed, use_locks) -> list[int]:
     setup_django()
     from django_esdlock import lock_tree
     from django_esdlock.conf import load_backend
@@ -43,7 +44,7 @@ def _worker(config, counters, last_tokens, violations, rounds, seed, use_locks, 
         for i in targets:
             tally[i] += 1
     backend.close()
-    results.put(tally)
+    return tally
 
 
 @dataclasses.dataclass
@@ -63,20 +64,11 @@ def run_stress(config: dict, *, processes: int = 8, rounds: int = 250, use_locks
     counters = SPAWN.Array("q", len(LEAVES), lock=False)
     last_tokens = SPAWN.Array("q", len(LEAVES), lock=False)
     violations = SPAWN.Value("q", 0, lock=False)
-    results = SPAWN.Queue()
-    workers = [
-        SPAWN.Process(
-            target=_worker,
-            args=(config, counters, last_tokens, violations, rounds, seed, use_locks, results),
-        )
-        for seed in range(processes)
-    ]
     started = time.monotonic()
-    for worker in workers:
-        worker.start()
-    tallies = [results.get(timeout=600) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=60)
-        assert worker.exitcode == 0, f"stress worker exited with {worker.exitcode}"
+    tallies = run_processes(
+        _worker,
+        [(config, counters, last_tokens, violations, rounds, seed, use_locks) for seed in range(processes)],
+        timeout=600,
+    )
     expected = [sum(column) for column in zip(*tallies, strict=True)]
     return StressResult(expected, list(counters), violations.value, time.monotonic() - started)

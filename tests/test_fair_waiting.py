@@ -13,7 +13,8 @@ from django_esdlock.conf import load_backend
 from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 
-from .peer import SPAWN, setup_django
+from .peer import setup_django
+from .procs import spawned
 
 
 @pytest.fixture
@@ -59,18 +60,14 @@ def _streamer(config, until, seed) -> None:
 
 def test_writer_is_not_starved_by_a_stream_below_it(lock_config, backend):
     until = time.time() + 15
-    streamers = [SPAWN.Process(target=_streamer, args=(lock_config, until, seed)) for seed in range(4)]
-    for process in streamers:
-        process.start()
-    try:
+    with spawned(_streamer, [(lock_config, until, seed) for seed in range(4)]) as streamers:
         time.sleep(3)  # the stream is flowing: /a always has intention holders below it
+        streamers.check()
         started = time.monotonic()
         with lock_tree("/a", timeout=10, backend=backend):
             waited = time.monotonic() - started
             granted_at = time.time()
-    finally:
-        for process in streamers:
-            process.join(timeout=60)
+        streamers.results(timeout=60)
     # Granted while the stream still ran (not after it dried up), within a few holds.
     assert granted_at < until - 5, f"the writer only got in as the stream ended ({waited:.2f}s)"
     assert waited < 5

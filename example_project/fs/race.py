@@ -161,14 +161,19 @@ class _Worker:
         self.conn, child = SPAWN.Pipe()
         self.process = SPAWN.Process(target=_serve, args=(child, lock_config), daemon=True)
         self.process.start()
+        child.close()  # the worker's end is its alone now: its death reads as EOF at once
 
     def send(self, job: dict[str, Any]) -> None:
         self.conn.send(job)
 
     def receive(self, expected: str, timeout: float = 300) -> Any:
-        if not self.conn.poll(timeout):
-            raise TimeoutError(f"race worker sent nothing for {timeout:g}s")
-        status, value = self.conn.recv()
+        try:
+            if not self.conn.poll(timeout):
+                raise TimeoutError(f"race worker sent nothing for {timeout:g}s")
+            status, value = self.conn.recv()
+        except EOFError:
+            self.process.join(timeout=5)
+            raise RuntimeError(f"race worker exited with {self.process.exitcode}") from None
         if status == "error":
             raise RuntimeError(f"race worker failed:\n{value}")
         if status != expected:
