@@ -9,6 +9,7 @@ from .exceptions import (
     LockDeadlock,
     LockError,
     LockLost,
+    LockStoreBusy,
     LockTimeout,
     LockUnavailable,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "LockDeadlock",
     "LockError",
     "LockLost",
+    "LockStoreBusy",
     "LockTimeout",
     "LockUnavailable",
     "Mode",

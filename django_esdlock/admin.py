@@ -19,7 +19,7 @@ from django.utils.translation import ngettext
 
 from . import signals
 from .conf import get_backend
-from .exceptions import LockError
+from .exceptions import LockError, LockStoreBusy
 from .held_lock import HeldLock
 from .modes import Mode
 from .paths import ancestors, normalize_namespace, normalize_path
@@ -27,6 +27,19 @@ from .reaper import Reaper
 from .records import HolderRecord, Kind, Node, main_record
 
 _EXPIRED_CHOICES = {"yes": True, "no": False}
+
+
+def _busy_or(error: Exception) -> str:
+    """Say what a store error means to the person who clicked; a busy store only asks for patience."""
+    if isinstance(error, LockStoreBusy):
+        return f"the lock store is busy, retry in a moment ({error})"
+    return str(error)
+
+
+def _unreadable(error: Exception) -> str:
+    if isinstance(error, LockStoreBusy):
+        return f"The lock store is busy, retry in a moment. Nothing was changed. ({error})"
+    return f"The lock store cannot be read: {error}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +164,7 @@ class HeldLockAdmin(admin.ModelAdmin):
                     **filters.backend_kwargs(), cursor=request.GET.get("cursor") or None, limit=self.list_per_page
                 )
             except (LockError, ValueError) as e:
-                error = f"The lock store cannot be read: {e}"
+                error = _unreadable(e)
             else:
                 rows = [_row(r) for r in page.holders]
                 if page.next_cursor:
@@ -195,7 +208,7 @@ class HeldLockAdmin(admin.ModelAdmin):
             if page.next_cursor:
                 next_url = "?" + urlencode({"namespace": namespace, "path": tree_path, "cursor": page.next_cursor})
         except (LockError, ValueError) as e:
-            error = f"The lock store cannot be read: {e}"
+            error = _unreadable(e)
         crumbs = [{"path": p, "name": p.rsplit("/", 1)[1]} for p in ancestors(tree_path)] if tree_path else []
         context = self._context(
             request,
@@ -227,7 +240,7 @@ class HeldLockAdmin(admin.ModelAdmin):
         try:
             found = {holder_id: backend.holder_records(holder_id) for holder_id in holder_ids}
         except LockError as e:
-            self.message_user(request, f"The lock store cannot be read: {e}", messages.ERROR)
+            self.message_user(request, _unreadable(e), messages.ERROR)
             return HttpResponseRedirect(back)
         if request.POST.get("confirm") != "yes":
             context = self._context(
@@ -245,7 +258,7 @@ class HeldLockAdmin(admin.ModelAdmin):
             try:
                 backend.force_release(holder_id, [r.node for r in records])
             except LockError as e:
-                self.message_user(request, f"Releasing {holder_id} failed: {e}", messages.ERROR)
+                self.message_user(request, f"Releasing {holder_id} failed: {_busy_or(e)}", messages.ERROR)
                 continue
             released += 1
             main = main_record(records)
@@ -274,7 +287,7 @@ class HeldLockAdmin(admin.ModelAdmin):
         try:
             report = Reaper(get_backend()).run()
         except LockError as e:
-            self.message_user(request, f"Reaping failed: {e}", messages.ERROR)
+            self.message_user(request, f"Reaping failed: {_busy_or(e)}", messages.ERROR)
         else:
             count = len(report.evicted)
             self.message_user(

@@ -37,5 +37,13 @@ class LockBackendUnavailable(LockError):
     """The lock store could not be reached or answered with an error."""
 
 
+class LockStoreBusy(LockBackendUnavailable):
+    """The store turned the request away for now (overloaded: HTTP 429 or 503); nothing was granted.
+
+    Waiting requests retry it within their timeout; it reaches the caller only
+    when the store stayed busy until the deadline.
+    """
+
+
 class InvalidLockBackend(LockError, ImproperlyConfigured):
     """``settings.LOCK_BACKEND`` names a backend or option that does not exist."""

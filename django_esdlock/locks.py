@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import signals
-from .backends.base import BaseLockBackend
+from .backends.base import BaseLockBackend, backoff_delay
 from .conf import get_backend
-from .exceptions import InvalidLockArgument, LockDeadlock, LockLost, LockTimeout, LockUnavailable
+from .exceptions import InvalidLockArgument, LockDeadlock, LockLost, LockStoreBusy, LockTimeout, LockUnavailable
 from .modes import Mode, compatible
 from .paths import ancestors, normalize_key, normalize_namespace, normalize_path
 from .records import Grant, Kind, LockRequest, Node, Owner
@@ -158,11 +158,20 @@ class Lock(contextlib.ContextDecorator):
             ticket=None if self.timeout == 0 else time.time_ns(),
         )
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        attempt = 0
+        attempt = busy_attempt = 0
         try:
             while True:
                 started = time.monotonic()
-                grant = backend.acquire(request)
+                try:
+                    grant = backend.acquire(request)
+                except LockStoreBusy:
+                    # Turned away for now (429, 503): nothing was granted; try again within the deadline.
+                    remaining = math.inf if deadline is None else deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise
+                    time.sleep(min(remaining, backoff_delay(busy_attempt, cap=1.0)))
+                    busy_attempt += 1
+                    continue
                 if grant is not None:
                     break
                 if self.timeout == 0:

@@ -40,12 +40,25 @@ def test_noop_is_a_refusal():
     [
         (409, "version_conflict_engine_exception"),  # concurrent update after retry_on_conflict
         (409, "version_conflict_engine_exception"),  # two upserts racing: "document already exists"
-        (429, "es_rejected_execution_exception"),  # write queue full
     ],
 )
 def test_contention_is_a_refusal_never_a_grant(status, kind):
     outcome = read_acquire_items(request(), [ok("created", 1), error(status, kind), ok("created", 2)])
-    assert outcome.taken == [A, C] and outcome.refused == [B] and not outcome.errors
+    assert outcome.taken == [A, C] and outcome.refused == [B] and not outcome.errors and not outcome.busy
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (429, "es_rejected_execution_exception"),  # write queue full
+        (429, "circuit_breaking_exception"),  # a memory breaker
+        (503, "unavailable_shards_exception"),  # no primary to write to
+    ],
+)
+def test_a_busy_store_is_neither_grant_nor_refusal(status, kind):
+    outcome = read_acquire_items(request(), [ok("created", 1), error(status, kind), ok("created", 2)])
+    assert outcome.taken == [A, C] and not outcome.refused and not outcome.errors
+    assert outcome.busy == [f"{B}: {kind}: ..."]
 
 
 def test_other_item_errors_are_errors():

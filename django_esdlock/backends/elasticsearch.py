@@ -6,10 +6,12 @@ import base64
 import contextlib
 import dataclasses
 import inspect
+import itertools
 import json
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -17,10 +19,10 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .. import modes, paths
-from ..exceptions import LockBackendUnavailable
+from ..exceptions import LockBackendUnavailable, LockStoreBusy
 from ..records import Grant, HolderPage, HolderRecord, Kind, LockRequest, Node, Owner, from_epoch_ms
 from . import elasticsearch_scripts as scripts
-from .base import BaseLockBackend, takeover_request
+from .base import BaseLockBackend, backoff_delay, takeover_request
 
 try:
     import elasticsearch
@@ -93,13 +95,18 @@ the two (and the rounding of ``grace`` to seconds).
 SOLE_HOLDS_KEPT = 10_000
 """Holders whose conditional-delete facts (:meth:`ElasticsearchLockBackend._sole`) a backend keeps, at most."""
 
+BUSY_STATUSES = frozenset({429, 502, 503, 504})
+"""Answers that mean "not now": rejected executions and circuit breakers (429), an unavailable shard or a
+proxy in trouble (502-504). They decide nothing, so the request may be sent again."""
+
+BUSY_BACKOFF_CAP = 1.0
+"""Longest sleep between two tries of a busy store, in seconds."""
+
+QUIET_RELEASE_RETRY = 1.0
+"""Seconds an acquire that failed keeps trying to give back what it took; the lease ends the rest."""
+
 _SORT = [{"namespace": "asc"}, {"kind": "asc"}, {"key": "asc"}]
-_CONTENTION = frozenset({"version_conflict_engine_exception", "es_rejected_execution_exception"})
 _CLIENT_OPTIONS = frozenset(inspect.signature(elasticsearch.Elasticsearch.__init__).parameters) - {"self", "hosts"}
-
-
-class _ItemError(Exception):
-    """A bulk item failed for a reason other than contention."""
 
 
 @dataclasses.dataclass
@@ -110,6 +117,8 @@ class AcquireOutcome:
     refused: list[Node]
     errors: list[str]
     token: int
+    busy: list[str] = dataclasses.field(default_factory=list)
+    """Items the store turned away for now (429, 503): neither granted nor refused."""
 
 
 def _own_hold(source: Mapping[str, Any] | None, owner_key: str, mode: str) -> bool:
@@ -133,7 +142,8 @@ def read_acquire_items(
     ``created``/``updated`` took the node. ``noop`` is a refusal, except for a
     reentrant request whose node this owner holds already. A 409 (concurrent
     update or two upserts racing to create the node, after retry_on_conflict)
-    or 429 wrote nothing: a refusal to retry, never a grant. The token is the
+    wrote nothing: a refusal to retry, never a grant; a busy store's answer
+    (429, 503) is neither, and goes to ``busy``. The token is the
     highest ``_seq_no`` written, plus one (so the first token is 1): it exceeds
     the token of every grant released before any of these writes.
     """
@@ -142,7 +152,9 @@ def read_acquire_items(
         body = next(iter(item.values()))
         error = body.get("error")
         if error:
-            if body.get("status") in (409, 429) or error.get("type") in _CONTENTION:
+            if body.get("status") in BUSY_STATUSES:
+                outcome.busy.append(f"{node}: {error.get('type')}: {error.get('reason')}")
+            elif body.get("status") == 409 or error.get("type") == "version_conflict_engine_exception":
                 outcome.refused.append(node)
             else:
                 outcome.errors.append(f"{node}: {error.get('type')}: {error.get('reason')}")
@@ -173,11 +185,25 @@ def _merge(first: AcquireOutcome, second: AcquireOutcome) -> AcquireOutcome:
         first.refused + second.refused,
         first.errors + second.errors,
         max(first.token, second.token),
+        first.busy + second.busy,
     )
 
 
 def _result(item: Mapping[str, Any]) -> str | None:
     return next(iter(item.values())).get("result")
+
+
+def _busy(item: Mapping[str, Any]) -> bool:
+    return next(iter(item.values())).get("status") in BUSY_STATUSES
+
+
+def _item_lines(operations: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Split ``_bulk`` lines into one list per item: an action line, and its body unless it deletes."""
+    items: list[list[dict[str, Any]]] = []
+    lines = iter(operations)
+    for action in lines:
+        items.append([action] if "delete" in action else [action, next(lines)])
+    return items
 
 
 def _encode_cursor(sort_values: list[Any]) -> str:
@@ -248,6 +274,13 @@ class ElasticsearchLockBackend(BaseLockBackend):
     ``request_timeout``, ...), passed through to the client.
     """
 
+    busy_retry: float = 10.0
+    """Seconds a release, a listing or maintenance keeps retrying a busy store, with backoff, before LockStoreBusy.
+
+    Acquire and renew do not retry inside: their callers (the waiting loop, the
+    renewer) retry them within the lock's own deadline or lease.
+    """
+
     def __init__(
         self,
         *,
@@ -289,7 +322,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
     def client(self) -> elasticsearch.Elasticsearch:
         """The client of this process: a forked child opens its own connections."""
         if self._client is None or self._client_pid != os.getpid():
-            self._client = elasticsearch.Elasticsearch(self.hosts, **self.client_options)
+            # The transport would retry a busy node at once, three times; we back off instead (_call).
+            options = {"retry_on_status": (), **self.client_options}
+            self._client = elasticsearch.Elasticsearch(self.hosts, **options)
             self._client_pid = os.getpid()
         return self._client
 
@@ -300,21 +335,44 @@ class ElasticsearchLockBackend(BaseLockBackend):
 
     @contextlib.contextmanager
     def _translate(self, action: str) -> Iterator[None]:
-        """Turn client and transport failures into LockBackendUnavailable."""
+        """Turn client and transport failures into LockBackendUnavailable (LockStoreBusy for "not now")."""
         try:
             yield
         except (elasticsearch.ApiError, elasticsearch.TransportError) as e:
-            raise LockBackendUnavailable(f"Elasticsearch failed to {action} ({self.describe()}): {e}") from e
+            busy = isinstance(e, elasticsearch.ApiError) and e.meta.status in BUSY_STATUSES
+            error = LockStoreBusy if busy else LockBackendUnavailable
+            raise error(f"Elasticsearch failed to {action} ({self.describe()}): {e}") from e
+
+    def _call(self, action: str, call: Callable[[], Any], *, retry_for: float | None = None) -> Any:
+        """Return ``call()``; while the store is busy, retry with backoff for ``retry_for`` seconds.
+
+        The default is :attr:`busy_retry`; 0 tries once. Other failures are
+        not retried.
+        """
+        deadline = time.monotonic() + (self.busy_retry if retry_for is None else retry_for)
+        for attempt in itertools.count():
+            try:
+                with self._translate(action):
+                    return call()
+            except LockStoreBusy:
+                delay = backoff_delay(attempt, cap=BUSY_BACKOFF_CAP)
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def setup(self) -> None:
         """Create the lock index with its strict mapping unless it exists."""
-        with self._translate("create the lock index"):
+
+        def create() -> None:
             if not self.client.indices.exists(index=self.index):
                 try:
                     self.client.indices.create(index=self.index, settings=INDEX_SETTINGS, mappings=MAPPING)
                 except elasticsearch.BadRequestError as e:
                     if e.error != "resource_already_exists_exception":
                         raise
+
+        self._call("create the lock index", create)
         self._index_ready = True
 
     def _ensure_index(self) -> None:
@@ -335,12 +393,38 @@ class ElasticsearchLockBackend(BaseLockBackend):
         """
         header: dict[str, Any] = {"_index": self.index, "_id": node_id, "retry_on_conflict": RETRY_ON_CONFLICT}
         if fields:
-            header["_source"] = fields
+            # An object, never a list: a bulk action line takes no arrays (400 for the whole bulk).
+            header["_source"] = {"includes": fields}
         return [{"update": header}, {"script": {"source": source, "lang": "painless", "params": params}, **body}]
 
-    def _bulk(self, operations: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:
-        with self._translate(action):
-            return self.client.bulk(operations=operations)["items"]
+    def _bulk(
+        self, operations: list[dict[str, Any]], action: str, *, retry_for: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Send ``operations`` in one ``_bulk``; return its items in order.
+
+        While the store is busy, as a whole or for some items, send again what
+        it turned away, with backoff, for ``retry_for`` seconds (see
+        :meth:`_call`); items still busy then come back as they were answered.
+        """
+        lines = _item_lines(operations)
+        items: list[dict[str, Any]] = [{}] * len(lines)
+        pending = list(range(len(lines)))
+        deadline = time.monotonic() + (self.busy_retry if retry_for is None else retry_for)
+        for attempt in itertools.count():
+            batch = [line for i in pending for line in lines[i]]
+            answered = self._call(
+                action,
+                lambda batch=batch: self.client.bulk(operations=batch)["items"],
+                retry_for=max(0.0, deadline - time.monotonic()),
+            )
+            for i, item in zip(pending, answered, strict=True):
+                items[i] = item
+            pending = [i for i in pending if _busy(items[i])]
+            delay = backoff_delay(attempt, cap=BUSY_BACKOFF_CAP)
+            if not pending or time.monotonic() + delay > deadline:
+                return items
+            time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # --- the primitive ------------------------------------------------------
 
@@ -376,7 +460,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 known = [t for t in targets if t[0].id in self._existing]
             fresh = [t for t in targets if t not in known]
             operations = [op for node, mode in fresh for op in self._create_item(node, mode, holder, request)]
-            items = self._bulk(operations + acquire_items(known), "acquire")
+            items = self._bulk(operations + acquire_items(known), "acquire", retry_for=0)
             fresh_items, known_items = items[: len(fresh)], items[len(fresh) :]
             existing = [t for t, i in zip(fresh, fresh_items, strict=True) if _result(i) == "noop"]
             created = [(t, i) for t, i in zip(fresh, fresh_items, strict=True) if _result(i) != "noop"]
@@ -387,8 +471,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
             )
             read = created + list(zip(known, known_items, strict=True))
             outcome = read_acquire_items(request, [i for _, i in read], [t for t, _ in read])
-            if existing and not (outcome.refused or outcome.errors):
-                items = self._bulk(acquire_items(existing), "acquire")
+            if existing and not (outcome.refused or outcome.errors or outcome.busy):
+                items = self._bulk(acquire_items(existing), "acquire", retry_for=0)
                 outcome = _merge(outcome, read_acquire_items(request, items, existing))
             elif existing:
                 outcome.refused.extend(node for node, _ in existing)  # not tried: the request failed already
@@ -396,10 +480,13 @@ class ElasticsearchLockBackend(BaseLockBackend):
             # A bulk may have been applied in part: give back whatever it took.
             self._release_nodes(request.holder_id, request.owner.key, [n for n, _ in targets], quiet=True)
             raise
-        if outcome.errors or outcome.refused:
-            self._release_nodes(request.holder_id, request.owner.key, outcome.taken, quiet=bool(outcome.errors))
+        if outcome.errors or outcome.refused or outcome.busy:
+            failed = bool(outcome.errors or outcome.busy)
+            self._release_nodes(request.holder_id, request.owner.key, outcome.taken, quiet=failed)
             if outcome.errors:
                 raise LockBackendUnavailable(f"Elasticsearch refused the acquire: {'; '.join(outcome.errors)}")
+            if not outcome.refused:
+                raise LockStoreBusy(f"Elasticsearch was too busy to acquire: {'; '.join(outcome.busy)}")
             return None
         return Grant(request=request, token=outcome.token, taken=tuple(outcome.taken))
 
@@ -505,24 +592,24 @@ class ElasticsearchLockBackend(BaseLockBackend):
         sole = self._forget_sole(holder_id)
         if not nodes:
             return True
+        # Quiet, the caller is failing already: a short try, and the lease ends what it leaves.
+        retry_for = QUIET_RELEASE_RETRY if quiet else None
         params = {"holder_id": holder_id, "owner_key": owner_key}
         operations: list[dict[str, Any]] = []
         for node in nodes:
             if node.id in sole:
-                seq_no, primary_term = sole[node.id]
-                header = {"_index": self.index, "_id": node.id, "if_seq_no": seq_no, "if_primary_term": primary_term}
-                operations.append({"delete": header})
+                operations.append(self._delete_unchanged(node.id, *sole[node.id]))
             else:
                 operations += self._scripted(node.id, scripts.RELEASE, params)
         try:
-            items = self._bulk(operations, "release")
+            items = self._bulk(operations, "release", retry_for=retry_for)
             changed = [
                 node for node, item in zip(nodes, items, strict=True) if "delete" in item and _result(item) != "deleted"
             ]
             scripted = [(node, item) for node, item in zip(nodes, items, strict=True) if "update" in item]
             if changed:
                 operations = [op for node in changed for op in self._scripted(node.id, scripts.RELEASE, params)]
-                scripted += zip(changed, self._bulk(operations, "release"), strict=True)
+                scripted += zip(changed, self._bulk(operations, "release", retry_for=retry_for), strict=True)
         except LockBackendUnavailable:
             if quiet:
                 return False  # the lease will end it; the caller is already failing
@@ -563,22 +650,20 @@ class ElasticsearchLockBackend(BaseLockBackend):
         ]
         if not operations:
             return True
-        items = self._bulk(operations, "renew")
+        items = self._bulk(operations, "renew", retry_for=0)  # the renewer retries within the lease
         self._renewed_sole(grant.request.holder_id, grant.taken, items)
-        transient = [i["update"] for i in items if i["update"].get("status") in (409, 429)]
+        transient = [i["update"] for i in items if i["update"].get("status") in BUSY_STATUSES | {409}]
         if transient:
-            raise LockBackendUnavailable(f"Elasticsearch was too busy to renew: {transient[0].get('error')}")
+            raise LockStoreBusy(f"Elasticsearch was too busy to renew: {transient[0].get('error')}")
         return all(item["update"].get("result") == "updated" for item in items)
 
     # --- inspection and maintenance -------------------------------------------
 
     def _refresh(self) -> None:
-        with self._translate("refresh the lock index"):
-            self.client.indices.refresh(index=self.index)
+        self._call("refresh the lock index", lambda: self.client.indices.refresh(index=self.index))
 
     def _index_exists(self) -> bool:
-        with self._translate("look up the lock index"):
-            return bool(self.client.indices.exists(index=self.index))
+        return bool(self._call("look up the lock index", lambda: self.client.indices.exists(index=self.index)))
 
     def holders(
         self,
@@ -626,8 +711,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         body: dict[str, Any] = {"query": {"bool": {"filter": filters}}, "sort": _SORT, "size": limit}
         if cursor:
             body["search_after"] = _decode_cursor(cursor)
-        with self._translate("list holders"):
-            hits = self.client.search(index=self.index, **body)["hits"]["hits"]
+        hits = self._call("list holders", lambda: self.client.search(index=self.index, **body))["hits"]["hits"]
         records = []
         for hit in hits:
             inner = hit.get("inner_hits", {}).get("match")
@@ -638,8 +722,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
     def node_holders(self, node: Node) -> list[HolderRecord]:
         if not self._index_exists():
             return []
-        with self._translate("read a lock node"):
-            response = self.client.options(ignore_status=404).get(index=self.index, id=node.id)
+        response = self._call(
+            "read a lock node", lambda: self.client.options(ignore_status=404).get(index=self.index, id=node.id)
+        )
         return _records(response["_source"]) if response.get("found") else []
 
     page_size = 5000
@@ -689,17 +774,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         ]
         if not chosen:
             return []
-        operations = [
-            {
-                "delete": {
-                    "_index": self.index,
-                    "_id": hit["_id"],
-                    "if_seq_no": hit["_seq_no"],
-                    "if_primary_term": hit["_primary_term"],
-                }
-            }
-            for hit in chosen
-        ]
+        operations = [self._delete_unchanged(hit["_id"], hit["_seq_no"], hit["_primary_term"]) for hit in chosen]
         items = self._bulk(operations, "evict expired holders")
         return [
             r
@@ -709,23 +784,32 @@ class ElasticsearchLockBackend(BaseLockBackend):
         ]
 
     def _evict(self, found: list[HolderRecord], grace_ms: int) -> list[HolderRecord]:
+        """Run EVICT on the nodes of ``found``; delete the nodes it left empty, if nobody wrote them since."""
         by_node: dict[str, list[HolderRecord]] = {}
         for record in found:
             by_node.setdefault(record.node.id, []).append(record)
         params = {"grace_ms": grace_ms}
-        operations = [
-            op for node_id in by_node for op in self._scripted(node_id, scripts.EVICT, params, fields=["holders.id"])
-        ]
+        fields = ["holders.id", "waiters.id"]
+        operations = [op for node_id in by_node for op in self._scripted(node_id, scripts.EVICT, params, fields=fields)]
         items = self._bulk(operations, "evict expired holders")
         evicted: list[HolderRecord] = []
-        for records, item in zip(by_node.values(), items, strict=True):
+        emptied: list[dict[str, Any]] = []
+        for (node_id, records), item in zip(by_node.items(), items, strict=True):
             body = item["update"]
-            if body.get("result") == "deleted":
-                evicted.extend(records)
-            elif body.get("result") == "updated":
-                left = {h["id"] for h in body.get("get", {}).get("_source", {}).get("holders", [])}
-                evicted.extend(r for r in records if r.holder_id not in left)
+            if body.get("result") != "updated":
+                continue
+            source = body.get("get", {}).get("_source") or {}
+            left = {h["id"] for h in source.get("holders") or ()}
+            evicted.extend(r for r in records if r.holder_id not in left)
+            if not left and not source.get("waiters"):
+                emptied.append(self._delete_unchanged(node_id, body["_seq_no"], body["_primary_term"]))
+        if emptied:
+            self._bulk(emptied, "delete emptied lock nodes")  # a 409 means someone took the node since: keep it
         return evicted
+
+    def _delete_unchanged(self, node_id: str, seq_no: int, primary_term: int) -> dict[str, Any]:
+        """Return the ``_bulk`` line deleting a node only if its last write is still the one at ``seq_no``."""
+        return {"delete": {"_index": self.index, "_id": node_id, "if_seq_no": seq_no, "if_primary_term": primary_term}}
 
     def _search_pages(
         self,
@@ -760,8 +844,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
             "track_total_hits": False,
         }
         while True:
-            with self._translate("search holders"):
-                hits = self.client.search(index=self.index, **body)["hits"]["hits"]
+            hits = self._call("search holders", lambda: self.client.search(index=self.index, **body))["hits"]["hits"]
             if hits:
                 yield hits
             if len(hits) < self.page_size:

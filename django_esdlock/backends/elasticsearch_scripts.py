@@ -271,8 +271,10 @@ if (renewed) {
 EVICT = (
     """
 // Remove holders whose lease ran out more than params.grace_ms ago and that
-// carry no intent, and expired waiting markers; delete the node when nothing
-// is left. A no-op when nothing goes.
+// carry no intent, and expired waiting markers. A no-op when nothing goes.
+// Never deletes the node, even left empty: the caller asks for the source
+// back, and Elasticsearch 7.0 answers 500 to a scripted delete that was asked
+// for its source; the caller deletes an emptied node with if_seq_no instead.
 long now = ctx._now;
 long cutoff = now - params.grace_ms;
 List kept = new ArrayList();
@@ -289,8 +291,9 @@ int before = ctx._source.waiters == null ? 0 : ctx._source.waiters.size();
 if (kept.size() == ctx._source.holders.size() && waiters.size() == before) {
   ctx.op = 'none';
 } else {
+  ctx._source.waiters = waiters;
 """
-    + _STORE_OR_DELETE
+    + _VIEWS
     + """
 }
 """

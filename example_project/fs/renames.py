@@ -125,7 +125,7 @@ def _update_batch(index: FsIndex, updates: list[tuple[str, str, dict[str, Any]]]
     operations: list[dict[str, Any]] = []
     for doc_id, script, params in updates:
         header = {"_index": index.name, "_id": doc_id, "retry_on_conflict": RETRY_ON_CONFLICT}
-        operations.append({"update": {**header, "_source": ["path", "token"]}})
+        operations.append({"update": {**header, "_source": {"includes": ["path", "token"]}}})
         operations.append({"script": {"source": script, "lang": "painless", "params": params}})
     bodies = [item["update"] for item in index.client.bulk(operations=operations)["items"]]
     for (doc_id, _, _), body in zip(updates, bodies, strict=True):
