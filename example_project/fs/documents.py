@@ -115,9 +115,11 @@ def is_within(path: str, top: str) -> bool:
     return top == ROOT or path == top or path.startswith(top + "/")
 
 
-# Highlight markers that cannot occur in text we index (control characters),
-# so the fragment can be HTML-escaped whole before they become <em> tags.
-_MARK_START, _MARK_END = "\x02", "\x03"
+# Highlight markers from Unicode's private use area, so the fragment can be
+# HTML-escaped whole before they become <em> tags (a stray one in a file only
+# adds emphasis). Not control characters: a real Elasticsearch drops those
+# from highlight tags (noida-db kept them).
+_MARK_START, _MARK_END = "\ue000", "\ue001"
 
 
 def _highlighted(fragment: str) -> SafeString:
