@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
@@ -107,3 +108,52 @@ def test_reaper_deletes_long_expired_nodes_and_spares_intents_and_live_holders(b
     assert [h["id"] for h in source(backend, "/intent")["holders"]] == ["i1"]
     assert [h["id"] for h in source(backend, "/mixed")["holders"]] == ["m2"]
     assert Reaper(backend, namespace="fs").run().evicted == []
+
+
+def seq_no(backend, key):
+    return backend.client.get(index=backend.index, id=Node("fs", Kind.TREE, key).id)["_seq_no"]
+
+
+def waiting(*targets, ticket=1):
+    return dataclasses.replace(tree(*targets), ticket=ticket)
+
+
+def test_a_waiting_request_polls_the_node_that_refused_it_alone_and_writes_nothing(backend):
+    held = backend.acquire(tree(("/a", "IX"), ("/a/b", "X")))
+    request = waiting(("/a", "IX"), ("/a/b", "X"))
+    assert backend.acquire(request) is None  # refused at /a/b: leaves its marker there
+    assert [w["id"] for w in source(backend, "/a/b")["waiters"]] == [request.holder_id]
+    before = seq_no(backend, "/a"), seq_no(backend, "/a/b")
+    for _ in range(3):
+        assert backend.acquire(request) is None
+    # /a/b's marker is fresh: no write; /a was not even tried (nothing taken to give back).
+    assert (seq_no(backend, "/a"), seq_no(backend, "/a/b")) == before
+    assert backend.release(held) is True
+    grant = backend.acquire(request)  # /a/b first, alone, then the rest
+    assert grant is not None and {n.key for n in grant.taken} == {"/a", "/a/b"}
+    assert source(backend, "/a/b")["waiters"] == []
+    assert backend.release(grant) is True
+
+
+def test_a_waiting_marker_is_renewed_past_half_its_lease(backend):
+    backend.marker_ttl = 0.4
+    held = backend.acquire(tree(("/a", "X")))
+    request = waiting(("/a", "X"))
+    assert backend.acquire(request) is None
+    first = source(backend, "/a")["waiters"][0]["expires_at"]
+    time.sleep(0.3)  # past half the marker's lease
+    assert backend.acquire(request) is None
+    assert source(backend, "/a")["waiters"][0]["expires_at"] > first
+    backend.withdraw(request)
+    assert source(backend, "/a")["waiters"] == []
+    assert backend.release(held) is True
+
+
+def test_a_waiting_request_refused_on_every_node_polls_them_all_at_once(backend):
+    held = backend.acquire(tree(("/a", "X")))
+    request = waiting(("/a", "X"))
+    assert backend.acquire(request) is None
+    assert backend.acquire(request) is None  # nothing but the probe to send
+    assert backend.release(held) is True
+    grant = backend.acquire(request)
+    assert grant is not None and backend.release(grant) is True

@@ -312,6 +312,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
         self._sole_lock = threading.Lock()
         self._existing: dict[str, None] = {}
         """Ids of nodes lately found existing, oldest first (a hint: a wrong one costs a round trip)."""
+        self._blocked: dict[str, frozenset[str]] = {}
+        """holder id of a waiting request -> ids of the nodes that refused its last attempt."""
 
     def describe(self) -> str:
         return f"Elasticsearch {', '.join(self.hosts)} index {self.index!r}"
@@ -395,7 +397,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
         if fields:
             # An object, never a list: a bulk action line takes no arrays (400 for the whole bulk).
             header["_source"] = {"includes": fields}
-        return [{"update": header}, {"script": {"source": source, "lang": "painless", "params": params}, **body}]
+        script = {"source": scripts.compact(source), "lang": "painless", "params": params}
+        return [{"update": header}, {"script": script, **body}]
 
     def _bulk(
         self, operations: list[dict[str, Any]], action: str, *, retry_for: float | None = None
@@ -406,6 +409,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
         it turned away, with backoff, for ``retry_for`` seconds (see
         :meth:`_call`); items still busy then come back as they were answered.
         """
+        if not operations:
+            return []  # a bulk without a body is a 400
         lines = _item_lines(operations)
         items: list[dict[str, Any]] = [{}] * len(lines)
         pending = list(range(len(lines)))
@@ -435,50 +440,29 @@ class ElasticsearchLockBackend(BaseLockBackend):
         one; its short script is what makes it cheap. A node CREATE finds
         existing (a no-op) goes to ACQUIRE in a second ``_bulk``; nodes this
         backend lately found existing (shared ancestors, contended leaves) go
-        to ACQUIRE in the first.
+        to ACQUIRE in the first. A waiting request tries the nodes that refused
+        it last time on their own first: while they still refuse, a poll
+        writes nothing (its markers are fresh) and takes no ancestor it would
+        only give back.
         """
         self._ensure_index()
         holder = {"id": request.holder_id, "owner": request.owner.as_dict()}
         if request.intent is not None:
             holder["intent"] = request.intent
-        fields = ["holders.id", "holders.owner.key", "holders.mode"]
-        fields_back = fields if request.reentrant or request.ticket is not None else None
-        targets = list(request.targets)
-
-        def acquire_items(batch: Sequence[tuple[Node, modes.Mode]]) -> list[dict[str, Any]]:
-            params = [(node, self._acquire_params(node, mode, holder, request)) for node, mode in batch]
-            return [
-                op
-                for node, p in params
-                for op in self._scripted(
-                    node.id, scripts.ACQUIRE, p, fields=fields_back, scripted_upsert=True, upsert={}
-                )
-            ]
-
+        with self._sole_lock:
+            blocked = self._blocked.pop(request.holder_id, ())
+        probe = [t for t in request.targets if t[0].id in blocked]
+        outcome = AcquireOutcome([], [], [], 0)
         try:
-            with self._sole_lock:
-                known = [t for t in targets if t[0].id in self._existing]
-            fresh = [t for t in targets if t not in known]
-            operations = [op for node, mode in fresh for op in self._create_item(node, mode, holder, request)]
-            items = self._bulk(operations + acquire_items(known), "acquire", retry_for=0)
-            fresh_items, known_items = items[: len(fresh)], items[len(fresh) :]
-            existing = [t for t, i in zip(fresh, fresh_items, strict=True) if _result(i) == "noop"]
-            created = [(t, i) for t, i in zip(fresh, fresh_items, strict=True) if _result(i) != "noop"]
-            self._note_sole(request.holder_id, [(node, item) for (node, _), item in created])
-            self._note_existing(
-                [n for n, _ in existing],
-                [n for (n, _), i in zip(known, known_items, strict=True) if _result(i) == "created"],
-            )
-            read = created + list(zip(known, known_items, strict=True))
-            outcome = read_acquire_items(request, [i for _, i in read], [t for t, _ in read])
-            if existing and not (outcome.refused or outcome.errors or outcome.busy):
-                items = self._bulk(acquire_items(existing), "acquire", retry_for=0)
-                outcome = _merge(outcome, read_acquire_items(request, items, existing))
-            elif existing:
-                outcome.refused.extend(node for node, _ in existing)  # not tried: the request failed already
+            if probe:
+                items = self._bulk(self._acquire_items(probe, holder, request), "acquire", retry_for=0)
+                outcome = read_acquire_items(request, items, probe)
+            if not (outcome.refused or outcome.errors or outcome.busy):
+                rest = [t for t in request.targets if t not in probe]
+                outcome = _merge(outcome, self._take(rest, holder, request))
         except LockBackendUnavailable:
             # A bulk may have been applied in part: give back whatever it took.
-            self._release_nodes(request.holder_id, request.owner.key, [n for n, _ in targets], quiet=True)
+            self._release_nodes(request.holder_id, request.owner.key, [n for n, _ in request.targets], quiet=True)
             raise
         if outcome.errors or outcome.refused or outcome.busy:
             failed = bool(outcome.errors or outcome.busy)
@@ -487,8 +471,55 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 raise LockBackendUnavailable(f"Elasticsearch refused the acquire: {'; '.join(outcome.errors)}")
             if not outcome.refused:
                 raise LockStoreBusy(f"Elasticsearch was too busy to acquire: {'; '.join(outcome.busy)}")
+            if request.ticket is not None:
+                self._note_blocked(request.holder_id, outcome.refused)
             return None
         return Grant(request=request, token=outcome.token, taken=tuple(outcome.taken))
+
+    def _take(
+        self, targets: Sequence[tuple[Node, modes.Mode]], holder: dict[str, Any], request: LockRequest
+    ) -> AcquireOutcome:
+        """Take ``targets``: CREATE where the node may be new, ACQUIRE where it exists; stop at the first refusal."""
+        with self._sole_lock:
+            known = [t for t in targets if t[0].id in self._existing]
+        fresh = [t for t in targets if t not in known]
+        operations = [op for node, mode in fresh for op in self._create_item(node, mode, holder, request)]
+        items = self._bulk(operations + self._acquire_items(known, holder, request), "acquire", retry_for=0)
+        fresh_items, known_items = items[: len(fresh)], items[len(fresh) :]
+        existing = [t for t, i in zip(fresh, fresh_items, strict=True) if _result(i) == "noop"]
+        created = [(t, i) for t, i in zip(fresh, fresh_items, strict=True) if _result(i) != "noop"]
+        self._note_sole(request.holder_id, [(node, item) for (node, _), item in created])
+        self._note_existing(
+            [n for n, _ in existing],
+            [n for (n, _), i in zip(known, known_items, strict=True) if _result(i) == "created"],
+        )
+        read = created + list(zip(known, known_items, strict=True))
+        outcome = read_acquire_items(request, [i for _, i in read], [t for t, _ in read])
+        if existing and not (outcome.refused or outcome.errors or outcome.busy):
+            items = self._bulk(self._acquire_items(existing, holder, request), "acquire", retry_for=0)
+            outcome = _merge(outcome, read_acquire_items(request, items, existing))
+        elif existing:
+            outcome.refused.extend(node for node, _ in existing)  # not tried: the request failed already
+        return outcome
+
+    def _acquire_items(
+        self, batch: Sequence[tuple[Node, modes.Mode]], holder: dict[str, Any], request: LockRequest
+    ) -> list[dict[str, Any]]:
+        """Return the ``_bulk`` lines of ACQUIRE for ``batch``, asking for the holders back where they are read."""
+        fields = ["holders.id", "holders.owner.key", "holders.mode"]
+        fields_back = fields if request.reentrant or request.ticket is not None else None
+        return [
+            op
+            for node, mode in batch
+            for op in self._scripted(
+                node.id,
+                scripts.ACQUIRE,
+                self._acquire_params(node, mode, holder, request),
+                fields=fields_back,
+                scripted_upsert=True,
+                upsert={},
+            )
+        ]
 
     def _create_item(
         self, node: Node, mode: modes.Mode, holder: dict[str, Any], request: LockRequest
@@ -565,11 +596,20 @@ class ElasticsearchLockBackend(BaseLockBackend):
             while len(self._existing) > SOLE_HOLDS_KEPT:
                 del self._existing[next(iter(self._existing))]
 
+    def _note_blocked(self, holder_id: str, refused: Sequence[Node]) -> None:
+        """Remember the nodes that refused a waiting request: its next attempt tries them first, alone."""
+        with self._sole_lock:
+            self._blocked[holder_id] = frozenset(node.id for node in refused)
+            while len(self._blocked) > SOLE_HOLDS_KEPT:
+                del self._blocked[next(iter(self._blocked))]
+
     def _forget_sole(self, holder_id: str) -> dict[str, tuple[int, int]]:
         with self._sole_lock:
             return self._sole.pop(holder_id, {})
 
     def withdraw(self, request: LockRequest) -> None:
+        with self._sole_lock:
+            self._blocked.pop(request.holder_id, None)
         params = {"holder_id": request.holder_id}
         operations = [op for node, _ in request.targets for op in self._scripted(node.id, scripts.WITHDRAW, params)]
         self._bulk(operations, "withdraw waiting markers")

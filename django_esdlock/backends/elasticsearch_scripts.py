@@ -17,9 +17,21 @@ expired without an ``intent`` is gone; one with an intent is kept, still
 blocks conflicting requests and is left for the reaper to recover.
 
 Keep the sources short: noida-db parses a script on every execution, so its
-cost grows with the source's code, executed or not (comments are nearly
-free). A real cluster compiles each source once.
+cost grows with the source's code, executed or not. A real cluster compiles
+each source once, but every request still carries it and the node reads it to
+find the compiled script: :func:`compact` drops comment lines and indentation
+before a source is sent (no comment follows code on a line, so that is safe).
 """
+
+import functools
+
+
+@functools.cache
+def compact(source: str) -> str:
+    """Return ``source`` as sent: without comment lines, blank lines and indentation."""
+    lines = (line.strip() for line in source.splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("//"))
+
 
 CREATE = """
 // Create a node that does not exist yet, with params.holder as its only holder
@@ -98,7 +110,9 @@ ACQUIRE = (
 // params.marker_ttl_ms. A live marker in a conflicting mode refuses every
 // request queued after it (no ticket, or a larger one), unless the
 // requester already holds this node: so a stream of newcomers cannot starve
-// a waiter, and waiters, ordered by ticket, cannot wait for each other.
+// a waiter, and waiters, ordered by ticket, cannot wait for each other. A
+// refused request whose marker here still has over half its lease left writes
+// nothing (a no-op): polling a busy node costs no write.
 long now = ctx._now;
 List kept = new ArrayList();
 boolean refused = false;
@@ -122,10 +136,13 @@ if (ctx._source.holders != null) {
   }
 }
 List waiters = new ArrayList();
+long markedUntil = 0;
 if (ctx._source.waiters != null) {
   for (def w : ctx._source.waiters) {
     long waitUntil = w.expires_at;
-    if (waitUntil > now && w.id != params.holder.id) {
+    if (w.id == params.holder.id) {
+      markedUntil = waitUntil;
+    } else if (waitUntil > now) {
       waiters.add(w);
       if (!inside && params.conflicts.contains(w.mode)) {
         if (params.ticket == null) {
@@ -142,6 +159,8 @@ if (ctx._source.waiters != null) {
   }
 }
 if (reentered || (refused && params.ticket == null)) {
+  ctx.op = 'none';
+} else if (refused && (markedUntil - now) * 2 > params.marker_ttl_ms) {
   ctx.op = 'none';
 } else if (refused) {
   Map marker = new HashMap();
