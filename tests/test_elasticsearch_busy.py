@@ -31,7 +31,7 @@ BREAKER = "network.breaker.inflight_requests.limit"
 
 @pytest.fixture
 def lock_config(es_url):
-    with es_store(es_url, ttl=3) as config:
+    with es_store(es_url, ttl=5) as config:
         yield config
 
 
@@ -101,7 +101,7 @@ def test_a_store_busy_past_the_timeout_is_store_busy_and_leaves_nothing(backend)
 
 
 def test_renewals_refused_for_less_than_the_lease_do_not_lose_the_lock(backend):
-    # TTL 3 s: the renewer tries every second; the store refuses for 2 s.
+    # TTL 5 s: the renewer renews every 5/3 s, and retries every 0.5 s while the store refuses (for 2 s).
     with lock_tree("/a", backend=backend) as lock:
         with busy(backend, for_seconds=2):
             time.sleep(2.5)
