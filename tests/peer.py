@@ -49,7 +49,7 @@ def build_lock(config: dict, spec: dict):
 
 def _serve(config: dict, conn) -> None:
     setup_django()
-    from django_esdlock.exceptions import LockError
+    from django_esdlock.exceptions import LockBackendUnavailable, LockError
 
     held: dict[str, Any] = {}
     while True:
@@ -66,6 +66,8 @@ def _serve(config: dict, conn) -> None:
                 lock = build_lock(config, spec)
                 try:
                     lock.acquire()
+                except LockBackendUnavailable:
+                    raise  # a broken store is never the outcome a test waits for: report it whole
                 except LockError as e:
                     conn.send(("ok", type(e).__name__))
                     continue
