@@ -1,5 +1,6 @@
 """Locks shared through Elasticsearch or a SQL database: tree, document and global."""
 
+from .aio import AsyncLock, aglobal_lock, alock_documents, alock_tree
 from .conf import get_backend
 from .exceptions import (
     InvalidLockArgument,
@@ -17,6 +18,7 @@ from .locks import Lock, global_lock, lock_documents, lock_tree
 from .modes import Mode
 
 __all__ = [
+    "AsyncLock",
     "InvalidLockArgument",
     "InvalidLockBackend",
     "InvalidLockPath",
@@ -29,6 +31,9 @@ __all__ = [
     "LockTimeout",
     "LockUnavailable",
     "Mode",
+    "aglobal_lock",
+    "alock_documents",
+    "alock_tree",
     "get_backend",
     "global_lock",
     "lock_documents",

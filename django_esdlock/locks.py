@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -10,7 +11,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from typing import Any
 
 from . import signals
@@ -19,7 +20,7 @@ from .conf import get_backend
 from .exceptions import InvalidLockArgument, LockDeadlock, LockLost, LockStoreBusy, LockTimeout, LockUnavailable
 from .modes import Mode, compatible
 from .paths import ancestors, normalize_key, normalize_namespace, normalize_path
-from .records import Grant, Kind, LockRequest, Node, Owner
+from .records import Grant, Kind, LockRequest, Node, Owner, current_task
 
 logger = logging.getLogger("django_esdlock")
 
@@ -53,10 +54,26 @@ def _validate_json(value: Any, what: str) -> dict[str, Any] | None:
         raise InvalidLockArgument(f"{what} must be JSON-serializable: {e}") from e
 
 
-class Lock(contextlib.ContextDecorator):
-    """One acquisition of a set of (node, mode) pairs, all or nothing.
+@dataclasses.dataclass(frozen=True)
+class _Sleep:
+    seconds: float
 
-    Use it as a context manager or a decorator (each call acquires anew).
+
+@dataclasses.dataclass(frozen=True)
+class _Wait:
+    seconds: float
+    attempt: int
+
+
+_TRY = object()
+"""The waiting loop's step "send the request to the backend"."""
+
+_Step = Any  # _TRY, _Sleep or _Wait
+
+
+class BaseLock:
+    """One acquisition of a set of (node, mode) pairs, all or nothing: what Lock and AsyncLock share.
+
     While held, a background renewer keeps the lease alive; if that fails the
     lock is *lost*: :attr:`lost` turns True, :meth:`check` raises LockLost and
     so does the release.
@@ -83,16 +100,6 @@ class Lock(contextlib.ContextDecorator):
         self._grant: Grant | None = None
         self._valid_until = 0.0
         self._lost_reason: str | None = None
-
-    def _recreate_cm(self) -> Lock:
-        return type(self)(
-            self.targets,
-            timeout=self.timeout,
-            ttl=self.ttl,
-            intent=self.intent,
-            reentrant=self.reentrant,
-            backend=self._backend,
-        )
 
     def __repr__(self) -> str:
         state = "held" if self.held else "lost" if self._lost_reason else "not held"
@@ -138,18 +145,17 @@ class Lock(contextlib.ContextDecorator):
 
     # --- acquisition --------------------------------------------------------
 
-    def acquire(self) -> Lock:
-        """Take the lock, waiting as ``timeout`` says; return self."""
+    def _start(self) -> tuple[BaseLockBackend, LockRequest]:
+        """Check the lock may be taken by the caller; return the backend and the request to send."""
         if self._grant is not None:
             raise RuntimeError(f"{self!r} is already acquired; create a new lock object")
         _check_self_deadlock(self)
         backend = self.backend
-        ttl = self.ttl or backend.ttl
         request = LockRequest(
             holder_id=uuid.uuid4().hex,
             owner=Owner.current(),
             targets=self.targets,
-            ttl=ttl,
+            ttl=self.ttl or backend.ttl,
             intent=self.intent,
             reentrant=self.reentrant,
             # A request that may wait queues from its first refusal (fair
@@ -157,60 +163,55 @@ class Lock(contextlib.ContextDecorator):
             # its wait is bounded by the holds already there when it came.
             ticket=None if self.timeout == 0 else time.time_ns(),
         )
+        return backend, request
+
+    def _attempts(
+        self, backend: BaseLockBackend, request: LockRequest
+    ) -> Generator[_Step, Grant | LockStoreBusy | None, tuple[Grant, float]]:
+        """Try, wait and try again until granted or the timeout; return the grant and when its try began."""
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         attempt = busy_attempt = 0
-        try:
-            while True:
-                started = time.monotonic()
-                try:
-                    grant = backend.acquire(request)
-                except LockStoreBusy:
-                    # Turned away for now (429, 503): nothing was granted; try again within the deadline.
-                    remaining = math.inf if deadline is None else deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise
-                    time.sleep(min(remaining, backoff_delay(busy_attempt, cap=1.0)))
-                    busy_attempt += 1
-                    continue
-                if grant is not None:
-                    break
-                if self.timeout == 0:
-                    raise LockUnavailable(f"{self._describe()} is held in a conflicting mode")
-                remaining = math.inf if deadline is None else deadline - time.monotonic()
+        while True:
+            started = time.monotonic()
+            outcome = yield _TRY
+            remaining = math.inf if deadline is None else deadline - time.monotonic()
+            if isinstance(outcome, LockStoreBusy):
+                # Turned away for now (429, 503): nothing was granted; try again within the deadline.
                 if remaining <= 0:
-                    raise LockTimeout(f"{self._describe()} stayed unavailable for {self.timeout:g}s")
-                # A queued request polls often: everyone behind it waits for its turn.
-                backend.wait(self.targets, min(remaining, backend.queued_poll_cap), attempt)
-                attempt += 1
-        except BaseException:
-            if request.ticket is not None:
-                with contextlib.suppress(Exception):  # the markers expire by themselves anyway
-                    backend.withdraw(request)
-            raise
+                    raise outcome
+                yield _Sleep(min(remaining, backoff_delay(busy_attempt, cap=1.0)))
+                busy_attempt += 1
+                continue
+            if outcome is not None:
+                return outcome, started
+            if self.timeout == 0:
+                raise LockUnavailable(f"{self._describe()} is held in a conflicting mode")
+            if remaining <= 0:
+                raise LockTimeout(f"{self._describe()} stayed unavailable for {self.timeout:g}s")
+            # A queued request polls often: everyone behind it waits for its turn.
+            yield _Wait(min(remaining, backend.queued_poll_cap), attempt)
+            attempt += 1
+
+    def _hold(self, grant: Grant, started: float) -> None:
+        """Become the holder of ``grant``: renewed from now on, known to deadlock detection."""
         self._grant = grant
         self._lost_reason = None
         # The store started the lease after we sent the request: counting from
         # `started` makes our idea of expiry early, never late.
-        self._valid_until = started + ttl
+        self._valid_until = started + grant.request.ttl
         _registry.add(self)
-        _renewer.add(self, ttl)
+        _renewer.add(self, grant.request.ttl)
         logger.debug("acquired %r", self)
         signals.lock_acquired.send(sender=type(self), lock=self)
-        return self
 
-    def release(self) -> None:
-        """Give the lock back; raise LockLost if it had been lost meanwhile."""
-        grant = self._grant
-        if grant is None:
-            return
+    def _letting_go(self) -> tuple[bool, bool]:
+        """Stop renewing before a release; return whether the lock was lost, and whether that was signalled."""
         _renewer.remove(self)
         _registry.remove(self)
-        was_lost = self.lost
-        already_signalled = self._lost_reason is not None
-        try:
-            still_held = self.backend.release(grant)
-        finally:
-            self._grant = None
+        return self.lost, self._lost_reason is not None
+
+    def _released(self, still_held: bool, was_lost: bool, already_signalled: bool) -> None:
+        """Signal the release; raise LockLost if the lock had been lost before it."""
         if not still_held and self._lost_reason is None:
             self._lost_reason = "its holder record was gone at release"
         if self._lost_reason is None and was_lost:
@@ -221,6 +222,80 @@ class Lock(contextlib.ContextDecorator):
             if not already_signalled:  # the renewer sent it when it noticed
                 signals.lock_lost.send(sender=type(self), lock=self, reason=self._lost_reason)
             raise LockLost(f"{self!r} was lost before release: {self._lost_reason}")
+
+    def _renewed(self, started: float) -> None:
+        if self._grant is not None:
+            self._valid_until = max(self._valid_until, started + self._grant.request.ttl)
+
+    def _mark_lost(self, reason: str) -> None:
+        if self._lost_reason is None:
+            self._lost_reason = reason
+            logger.warning("lost %r: %s", self, reason)
+            signals.lock_lost.send(sender=type(self), lock=self, reason=reason)
+
+    def _describe(self) -> str:
+        node, mode = self.targets[-1]
+        more = f" (+{len(self.targets) - 1} more)" if len(self.targets) > 1 else ""
+        return f"{node} in mode {mode}{more}"
+
+
+class Lock(BaseLock, contextlib.ContextDecorator):
+    """A lock for blocking code: a context manager, or a decorator (each call acquires anew)."""
+
+    def _recreate_cm(self) -> Lock:
+        return type(self)(
+            self.targets,
+            timeout=self.timeout,
+            ttl=self.ttl,
+            intent=self.intent,
+            reentrant=self.reentrant,
+            backend=self._backend,
+        )
+
+    def acquire(self) -> Lock:
+        """Take the lock, waiting as ``timeout`` says; return self."""
+        backend, request = self._start()
+        steps = self._attempts(backend, request)
+        try:
+            step = next(steps)
+            while True:
+                if step is _TRY:
+                    try:
+                        outcome: Any = backend.acquire(request)
+                    except LockStoreBusy as e:
+                        outcome = e
+                elif isinstance(step, _Sleep):
+                    time.sleep(step.seconds)
+                    outcome = None
+                else:
+                    backend.wait(self.targets, step.seconds, step.attempt)
+                    outcome = None
+                step = steps.send(outcome)
+        except StopIteration as done:
+            grant, started = done.value
+        except BaseException:
+            if request.ticket is not None:
+                with contextlib.suppress(Exception):  # the markers expire by themselves anyway
+                    backend.withdraw(request)
+            raise
+        self._hold(grant, started)
+        return self
+
+    # The waiting loop, once for both APIs: it yields what to do next (_TRY the
+    # backend's acquire, _Sleep, _Wait for a release) and is sent the outcome of
+    # each try (a grant, None for a refusal, or the LockStoreBusy raised).
+
+    def release(self) -> None:
+        """Give the lock back; raise LockLost if it had been lost meanwhile."""
+        grant = self._grant
+        if grant is None:
+            return
+        was_lost, already_signalled = self._letting_go()
+        try:
+            still_held = self.backend.release(grant)
+        finally:
+            self._grant = None
+        self._released(still_held, was_lost, already_signalled)
 
     def checkpoint(self, data: Mapping[str, Any]) -> None:
         """Record how far the work under this lock got (and renew the lease)."""
@@ -260,16 +335,6 @@ class Lock(contextlib.ContextDecorator):
 
     # --- renewal hooks (called by the renewer thread) -----------------------
 
-    def _renewed(self, started: float) -> None:
-        if self._grant is not None:
-            self._valid_until = max(self._valid_until, started + self._grant.request.ttl)
-
-    def _mark_lost(self, reason: str) -> None:
-        if self._lost_reason is None:
-            self._lost_reason = reason
-            logger.warning("lost %r: %s", self, reason)
-            signals.lock_lost.send(sender=type(self), lock=self, reason=reason)
-
     # --- context manager ------------------------------------------------------
 
     def __enter__(self) -> Lock:
@@ -285,42 +350,45 @@ class Lock(contextlib.ContextDecorator):
             # The block's own exception is the one to see; the lease ends the lock anyway.
             logger.warning("releasing %r after %s failed", self, exc_type.__name__, exc_info=True)
 
-    def _describe(self) -> str:
-        node, mode = self.targets[-1]
-        more = f" (+{len(self.targets) - 1} more)" if len(self.targets) > 1 else ""
-        return f"{node} in mode {mode}{more}"
+
+def _holder_context() -> object:
+    """Return who is asking in this process: the running asyncio task, else the thread."""
+    task = current_task()
+    return ("thread", threading.get_ident()) if task is None else task
 
 
 class _HeldRegistry:
-    """Which locks each thread of this process holds, to refuse waiting on oneself."""
+    """Which locks each thread (or asyncio task) of this process holds, to refuse waiting on oneself."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_thread: dict[int, list[Lock]] = {}
-        os.register_at_fork(after_in_child=self._by_thread.clear)
+        self._by_holder: dict[object, list[BaseLock]] = {}
+        os.register_at_fork(after_in_child=self._by_holder.clear)
 
-    def add(self, lock: Lock) -> None:
+    def add(self, lock: BaseLock) -> None:
         with self._lock:
-            self._by_thread.setdefault(threading.get_ident(), []).append(lock)
+            self._by_holder.setdefault(_holder_context(), []).append(lock)
 
-    def remove(self, lock: Lock) -> None:
+    def remove(self, lock: BaseLock) -> None:
         with self._lock:
-            for held in self._by_thread.values():
+            for holder, held in list(self._by_holder.items()):
                 if lock in held:
                     held.remove(lock)
+                if not held:
+                    del self._by_holder[holder]  # also lets a finished task go
 
-    def of_current_thread(self) -> list[Lock]:
+    def of_current_holder(self) -> list[BaseLock]:
         with self._lock:
-            return list(self._by_thread.get(threading.get_ident(), ()))
+            return list(self._by_holder.get(_holder_context(), ()))
 
 
 _registry = _HeldRegistry()
 
 
-def _check_self_deadlock(lock: Lock) -> None:
-    """Raise LockDeadlock if this thread holds one of ``lock``'s nodes in a conflicting mode."""
+def _check_self_deadlock(lock: BaseLock) -> None:
+    """Raise LockDeadlock if this thread (or task) holds one of ``lock``'s nodes in a conflicting mode."""
     wanted = dict(lock.targets)
-    for held in _registry.of_current_thread():
+    for held in _registry.of_current_holder():
         if held.lost:
             continue
         for node, held_mode in held.targets:
@@ -330,7 +398,7 @@ def _check_self_deadlock(lock: Lock) -> None:
             if lock.reentrant and held.reentrant and held_mode == mode:
                 continue  # document locks: taking what this owner holds is a no-op
             raise LockDeadlock(
-                f"this thread already holds {node} in mode {held_mode} ({held!r}); "
+                f"this {'task' if current_task() else 'thread'} already holds {node} in mode {held_mode} ({held!r}); "
                 f"waiting for mode {mode} would wait for itself"
             )
 
@@ -342,7 +410,7 @@ class _Renewer:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._due: dict[Lock, float] = {}
+        self._due: dict[BaseLock, float] = {}
         self._thread: threading.Thread | None = None
         os.register_at_fork(after_in_child=self._after_fork)
 
@@ -354,7 +422,7 @@ class _Renewer:
     FIRST_RENEWAL = 1.0
     """Seconds to the first renewal at most: it also records the fencing token with the holder."""
 
-    def add(self, lock: Lock, ttl: float) -> None:
+    def add(self, lock: BaseLock, ttl: float) -> None:
         with self._cond:
             self._due[lock] = time.monotonic() + min(ttl / 3, self.FIRST_RENEWAL)
             if self._thread is None or not self._thread.is_alive():
@@ -362,7 +430,7 @@ class _Renewer:
                 self._thread.start()
             self._cond.notify()
 
-    def remove(self, lock: Lock) -> None:
+    def remove(self, lock: BaseLock) -> None:
         with self._cond:
             self._due.pop(lock, None)
 
@@ -380,7 +448,7 @@ class _Renewer:
             for lock in due:
                 self._renew(lock)
 
-    def _renew(self, lock: Lock) -> None:
+    def _renew(self, lock: BaseLock) -> None:
         grant = lock.grant
         if grant is None:
             return
@@ -414,6 +482,33 @@ _renewer = _Renewer()
 # --- the three schemes of the chapter, as sets of (node, mode) --------------
 
 
+def tree_targets(path: str, *, shared: bool, namespace: str, intent: Mapping[str, Any] | None) -> Targets:
+    """Return what ``lock_tree`` takes: X on ``path`` (S if ``shared``), IX (IS) on its ancestors."""
+    path = normalize_path(path)
+    namespace = normalize_namespace(namespace)
+    if shared and intent is not None:
+        raise InvalidLockArgument("an intent describes a change, so it needs an exclusive lock (shared=False)")
+    ancestor_mode, mode = (Mode.IS, Mode.S) if shared else (Mode.IX, Mode.X)
+    targets = tuple((Node(namespace, Kind.TREE, a), ancestor_mode) for a in ancestors(path))
+    return (*targets, (Node(namespace, Kind.TREE, path), mode))
+
+
+def global_targets(name: str) -> Targets:
+    """Return what ``global_lock`` takes: X on one named lock."""
+    return ((Node("default", Kind.GLOBAL, normalize_key(name, "lock name")), Mode.X),)
+
+
+def document_targets(ids: Iterable[str], *, namespace: str) -> Targets:
+    """Return what ``lock_documents`` takes: X on each id, in one order."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise InvalidLockArgument(f"ids must be a list of str, not {type(ids).__name__}: {ids!r}")
+    namespace = normalize_namespace(namespace)
+    keys = sorted({normalize_key(i) for i in ids})
+    if not keys:
+        raise InvalidLockArgument("ids must name at least one document")
+    return tuple((Node(namespace, Kind.DOCUMENT, key), Mode.X) for key in keys)
+
+
 def lock_tree(
     path: str,
     *,
@@ -425,13 +520,7 @@ def lock_tree(
     backend: BaseLockBackend | None = None,
 ) -> Lock:
     """Lock ``path`` and the subtree below it: X on it (S if ``shared``), IX (IS) on its ancestors."""
-    path = normalize_path(path)
-    namespace = normalize_namespace(namespace)
-    if shared and intent is not None:
-        raise InvalidLockArgument("an intent describes a change, so it needs an exclusive lock (shared=False)")
-    ancestor_mode, mode = (Mode.IS, Mode.S) if shared else (Mode.IX, Mode.X)
-    targets = tuple((Node(namespace, Kind.TREE, a), ancestor_mode) for a in ancestors(path))
-    targets += ((Node(namespace, Kind.TREE, path), mode),)
+    targets = tree_targets(path, shared=shared, namespace=namespace, intent=intent)
     return Lock(targets, timeout=timeout, ttl=ttl, intent=intent, backend=backend)
 
 
@@ -443,8 +532,7 @@ def global_lock(
     backend: BaseLockBackend | None = None,
 ) -> Lock:
     """Lock one named lock exclusively: the chapter's global lock."""
-    node = Node("default", Kind.GLOBAL, normalize_key(name, "lock name"))
-    return Lock(((node, Mode.X),), timeout=timeout, ttl=ttl, backend=backend)
+    return Lock(global_targets(name), timeout=timeout, ttl=ttl, backend=backend)
 
 
 def lock_documents(
@@ -456,11 +544,5 @@ def lock_documents(
     backend: BaseLockBackend | None = None,
 ) -> Lock:
     """Lock many document ids at once, all or nothing; ids this thread holds already are kept."""
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-        raise InvalidLockArgument(f"ids must be a list of str, not {type(ids).__name__}: {ids!r}")
-    namespace = normalize_namespace(namespace)
-    keys = sorted({normalize_key(i) for i in ids})
-    if not keys:
-        raise InvalidLockArgument("ids must name at least one document")
-    targets = tuple((Node(namespace, Kind.DOCUMENT, key), Mode.X) for key in keys)
+    targets = document_targets(ids, namespace=namespace)
     return Lock(targets, timeout=timeout, ttl=ttl, reentrant=True, backend=backend)

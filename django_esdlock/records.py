@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import enum
@@ -80,9 +81,17 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def current_task() -> asyncio.Task[Any] | None:
+    """Return the asyncio task running in this thread, or None outside one."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no event loop runs in this thread
+        return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Owner:
-    """The thread that holds a lock, as the store records it."""
+    """The thread, or the asyncio task, that holds a lock, as the store records it."""
 
     host: str
     pid: int
@@ -91,20 +100,35 @@ class Owner:
     process: str
     started: str | None = None
     """The process's start identity (:func:`process_start`), to detect a reused pid."""
+    task: int | None = None
+    """The asyncio task within the thread (its ``id()``): two tasks of one thread are two owners."""
 
     @classmethod
     def current(cls) -> Owner:
         thread = threading.current_thread()
-        return cls(socket.gethostname(), os.getpid(), threading.get_ident(), thread.name, _process_id, _process_start)
+        task = current_task()
+        name = thread.name if task is None else f"{thread.name} {task.get_name()}"
+        return cls(
+            socket.gethostname(),
+            os.getpid(),
+            threading.get_ident(),
+            name,
+            _process_id,
+            _process_start,
+            None if task is None else id(task),
+        )
 
     @property
     def key(self) -> str:
         """Return the identity that makes two acquisitions "the same owner"."""
-        return f"{self.process}/{self.thread}"
+        return f"{self.process}/{self.thread}" + ("" if self.task is None else f"/{self.task}")
 
     def as_dict(self) -> dict[str, Any]:
-        # thread idents exceed what some stores keep as a number: record text
-        return {**dataclasses.asdict(self), "thread": str(self.thread), "key": self.key}
+        # thread idents exceed what some stores keep as a number: record text. The task
+        # is in the key and the thread name (the stores' owner fields stay as they are).
+        fields = dataclasses.asdict(self)
+        del fields["task"]
+        return {**fields, "thread": str(self.thread), "key": self.key}
 
 
 @dataclasses.dataclass(frozen=True)

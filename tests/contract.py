@@ -12,18 +12,11 @@ import time
 
 import pytest
 
-from django_esdlock import (
-    LockDeadlock,
-    LockLost,
-    LockTimeout,
-    LockUnavailable,
-    global_lock,
-    lock_documents,
-    lock_tree,
-)
-from django_esdlock.locks import Lock
+from django_esdlock import LockDeadlock, LockLost, LockTimeout, LockUnavailable
 from django_esdlock.modes import Mode, compatible
 from django_esdlock.records import Kind, LockRequest, Node, Owner
+
+from .apis import SyncApi
 
 
 def all_holders(backend) -> list:
@@ -58,14 +51,18 @@ class LockBackendContract:
     """Subclass with a ``lock_config`` fixture; every test here must pass unchanged.
 
     The ``backend`` and ``peer`` fixtures (tests/conftest.py) build on it.
+    ``api`` is the lock API under test: the blocking one, or the async one
+    driven from these blocking tests (tests/apis.py).
     """
+
+    api: type = SyncApi
 
     # --- the compatibility matrix, across two processes --------------------
 
     @pytest.mark.parametrize(("held", "requested"), list(itertools.product(Mode, Mode)))
     def test_matrix_cell_across_processes(self, backend, peer, held, requested):
         assert peer.acquire("held", scheme="raw", path="/node", mode=held.value, timeout=0)["token"] > 0
-        lock = Lock(((Node("default", Kind.TREE, "/node"), requested),), timeout=0, backend=backend)
+        lock = self.api.Lock(((Node("default", Kind.TREE, "/node"), requested),), timeout=0, backend=backend)
         if compatible(held, requested):
             with lock:
                 assert lock.token > 0
@@ -73,7 +70,7 @@ class LockBackendContract:
             with pytest.raises(LockUnavailable):
                 lock.acquire()
         peer.release("held")
-        with Lock(((Node("default", Kind.TREE, "/node"), requested),), timeout=0, backend=backend):
+        with self.api.Lock(((Node("default", Kind.TREE, "/node"), requested),), timeout=0, backend=backend):
             pass
 
     # --- tree locks -----------------------------------------------------------
@@ -81,11 +78,11 @@ class LockBackendContract:
     def test_descendant_blocks_ancestor_and_back(self, backend, peer):
         peer.acquire("file", scheme="tree", path="/clinton/projects/elasticsearch/README.txt")
         with pytest.raises(LockUnavailable):
-            lock_tree("/clinton", timeout=0, backend=backend).acquire()
+            self.api.lock_tree("/clinton", timeout=0, backend=backend).acquire()
         with pytest.raises(LockUnavailable):
-            lock_tree("/clinton/projects/elasticsearch/README.txt/x", timeout=0, backend=backend).acquire()
+            self.api.lock_tree("/clinton/projects/elasticsearch/README.txt/x", timeout=0, backend=backend).acquire()
         peer.release("file")
-        with lock_tree("/clinton", timeout=0, backend=backend):
+        with self.api.lock_tree("/clinton", timeout=0, backend=backend):
             assert (
                 peer.acquire("file", scheme="tree", path="/clinton/projects/elasticsearch/README.txt", timeout=0)
                 == "LockUnavailable"
@@ -93,22 +90,22 @@ class LockBackendContract:
 
     def test_siblings_and_shared_readers_do_not_conflict(self, backend, peer):
         assert isinstance(peer.acquire("a", scheme="tree", path="/clinton/a"), dict)
-        with lock_tree("/clinton/b", timeout=0, backend=backend):
+        with self.api.lock_tree("/clinton/b", timeout=0, backend=backend):
             assert isinstance(peer.acquire("r", scheme="tree", path="/bill", shared=True, timeout=0), dict)
-            with lock_tree("/bill/x", shared=True, timeout=0, backend=backend):
+            with self.api.lock_tree("/bill/x", shared=True, timeout=0, backend=backend):
                 with pytest.raises(LockUnavailable):  # the peer reads all of /bill
-                    lock_tree("/bill/y", timeout=0, backend=backend).acquire()
+                    self.api.lock_tree("/bill/y", timeout=0, backend=backend).acquire()
 
     def test_shared_subtree_blocks_writer_below(self, backend, peer):
         peer.acquire("reader", scheme="tree", path="/clinton", shared=True)
         with pytest.raises(LockUnavailable):
-            lock_tree("/clinton/projects/README.txt", timeout=0, backend=backend).acquire()
-        with lock_tree("/clinton/projects/README.txt", shared=True, timeout=0, backend=backend):
+            self.api.lock_tree("/clinton/projects/README.txt", timeout=0, backend=backend).acquire()
+        with self.api.lock_tree("/clinton/projects/README.txt", shared=True, timeout=0, backend=backend):
             pass
 
     def test_namespaces_are_independent(self, backend, peer):
         peer.acquire("fs", scheme="tree", path="/clinton", namespace="fs")
-        with lock_tree("/clinton", namespace="orders", timeout=0, backend=backend):
+        with self.api.lock_tree("/clinton", namespace="orders", timeout=0, backend=backend):
             pass
 
     # --- all or nothing ---------------------------------------------------------
@@ -117,14 +114,14 @@ class LockBackendContract:
         peer.acquire("two", scheme="documents", ids=["2"])
         before = held_keys(backend)
         with pytest.raises(LockUnavailable):
-            lock_documents(["1", "2", "3"], timeout=0, backend=backend).acquire()
+            self.api.lock_documents(["1", "2", "3"], timeout=0, backend=backend).acquire()
         assert held_keys(backend) == before == {("2", "X")}
 
     def test_partial_tree_acquire_leaves_no_residue(self, backend, peer):
         peer.acquire("deep", scheme="tree", path="/a/b/c")
         before = {(h.node.key, h.mode.value, h.holder_id) for h in all_holders(backend)}
         with pytest.raises(LockTimeout):
-            lock_tree("/a/b/c/d/e", timeout=0.2, backend=backend).acquire()
+            self.api.lock_tree("/a/b/c/d/e", timeout=0.2, backend=backend).acquire()
         assert {(h.node.key, h.mode.value, h.holder_id) for h in all_holders(backend)} == before
         peer.release("deep")
         assert all_holders(backend) == []
@@ -132,8 +129,8 @@ class LockBackendContract:
     # --- document locks -----------------------------------------------------------
 
     def test_document_locks_are_reentrant_and_release_only_their_own(self, backend, peer):
-        with lock_documents(["1", "2"], backend=backend) as outer:
-            with lock_documents(["2", "3"], timeout=0, backend=backend) as inner:
+        with self.api.lock_documents(["1", "2"], backend=backend) as outer:
+            with self.api.lock_documents(["2", "3"], timeout=0, backend=backend) as inner:
                 assert inner.token >= outer.token
                 assert {h.node.key for h in all_holders(backend)} == {"1", "2", "3"}
             assert {(h.node.key, h.holder_id) for h in all_holders(backend)} == {
@@ -146,15 +143,15 @@ class LockBackendContract:
 
     def test_release_removes_only_own_holder(self, backend, peer):
         peer.acquire("reader", scheme="tree", path="/shared/doc", shared=True)
-        with lock_tree("/shared/doc", shared=True, timeout=0, backend=backend) as mine:
+        with self.api.lock_tree("/shared/doc", shared=True, timeout=0, backend=backend) as mine:
             assert len([h for h in all_holders(backend) if h.node.key == "/shared/doc"]) == 2
         left = [h for h in all_holders(backend) if h.node.key == "/shared/doc"]
         assert len(left) == 1 and left[0].holder_id != mine.holder_id
         with pytest.raises(LockUnavailable):  # the peer's reader is still there
-            lock_tree("/shared/doc", timeout=0, backend=backend).acquire()
+            self.api.lock_tree("/shared/doc", timeout=0, backend=backend).acquire()
 
     def test_global_lock_excludes_other_processes(self, backend, peer):
-        with global_lock(backend=backend, timeout=0):
+        with self.api.global_lock(backend=backend, timeout=0):
             assert peer.acquire("g", scheme="global", timeout=0) == "LockUnavailable"
             assert isinstance(peer.acquire("other", scheme="global", name="nightly", timeout=0), dict)
 
@@ -164,11 +161,11 @@ class LockBackendContract:
         peer.acquire("x", scheme="tree", path="/busy")
         started = time.monotonic()
         with pytest.raises(LockUnavailable) as info:
-            lock_tree("/busy", timeout=0, backend=backend).acquire()
+            self.api.lock_tree("/busy", timeout=0, backend=backend).acquire()
         assert not isinstance(info.value, LockTimeout)
         started = time.monotonic()
         with pytest.raises(LockTimeout):
-            lock_tree("/busy", timeout=0.5, backend=backend).acquire()
+            self.api.lock_tree("/busy", timeout=0.5, backend=backend).acquire()
         assert time.monotonic() - started >= 0.5
 
     def test_timeout_none_waits_for_release(self, backend, peer):
@@ -176,25 +173,25 @@ class LockBackendContract:
         releaser = threading.Timer(0.5, peer.release, args=("x",))
         releaser.start()
         started = time.monotonic()
-        with lock_tree("/busy", timeout=None, backend=backend):
+        with self.api.lock_tree("/busy", timeout=None, backend=backend):
             waited = time.monotonic() - started
         releaser.join()
         assert waited >= 0.4
 
     def test_waiting_on_own_lock_is_a_deadlock_at_once(self, backend):
-        with lock_tree("/clinton", backend=backend):
+        with self.api.lock_tree("/clinton", backend=backend):
             for other in (
-                lock_tree("/clinton/projects", backend=backend),
-                lock_tree("/clinton", shared=True, backend=backend),
+                self.api.lock_tree("/clinton/projects", backend=backend),
+                self.api.lock_tree("/clinton", shared=True, backend=backend),
             ):
                 started = time.monotonic()
                 with pytest.raises(LockDeadlock):
                     other.acquire()
                 assert time.monotonic() - started < 5
-        with global_lock(backend=backend), pytest.raises(LockDeadlock):
-            global_lock(backend=backend, timeout=None).acquire()
-        with lock_tree("/a/b", shared=True, backend=backend):
-            with lock_tree("/a/c", shared=True, backend=backend):  # compatible: no deadlock
+        with self.api.global_lock(backend=backend), pytest.raises(LockDeadlock):
+            self.api.global_lock(backend=backend, timeout=None).acquire()
+        with self.api.lock_tree("/a/b", shared=True, backend=backend):
+            with self.api.lock_tree("/a/c", shared=True, backend=backend):  # compatible: no deadlock
                 pass
 
     # --- leases ---------------------------------------------------------------------
@@ -202,9 +199,9 @@ class LockBackendContract:
     def test_expired_holder_is_evicted_by_acquisition(self, backend):
         dead = raw_grant(backend, "/stale", Mode.X, ttl=0.5)
         with pytest.raises(LockUnavailable):
-            lock_tree("/stale", timeout=0, backend=backend).acquire()
+            self.api.lock_tree("/stale", timeout=0, backend=backend).acquire()
         time.sleep(0.7)
-        with lock_tree("/stale", timeout=0, backend=backend) as lock:
+        with self.api.lock_tree("/stale", timeout=0, backend=backend) as lock:
             assert [h.holder_id for h in all_holders(backend)] == [lock.holder_id]
             assert lock.token > dead.token
         assert backend.release(dead) is False
@@ -218,14 +215,17 @@ class LockBackendContract:
                 tokens.append(result["token"])
                 peer.release("t")
             else:
-                with lock_tree(path, backend=backend) as lock:
+                with self.api.lock_tree(path, backend=backend) as lock:
                     tokens.append(lock.token)
         assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), tokens
-        with lock_tree("/f/a", backend=backend) as first, lock_documents(["x"], backend=backend) as second:
+        with (
+            self.api.lock_tree("/f/a", backend=backend) as first,
+            self.api.lock_documents(["x"], backend=backend) as second,
+        ):
             assert second.token > first.token
 
     def test_renewal_keeps_a_hold_past_its_ttl(self, backend, peer):
-        with lock_tree("/long", ttl=1, backend=backend) as lock:
+        with self.api.lock_tree("/long", ttl=1, backend=backend) as lock:
             for _ in range(3):
                 time.sleep(1)
                 assert peer.acquire("w", scheme="tree", path="/long", timeout=0) == "LockUnavailable"
@@ -242,7 +242,7 @@ class LockBackendContract:
 
         lock_lost.connect(on_lost)
         try:
-            lock = lock_tree("/fragile", ttl=1, backend=backend).acquire()
+            lock = self.api.lock_tree("/fragile", ttl=1, backend=backend).acquire()
             assert backend.release(lock.grant) is True  # an operator removes it behind our back
             assert isinstance(peer.acquire("thief", scheme="tree", path="/fragile", timeout=0), dict)
             deadline = time.monotonic() + 5
@@ -258,7 +258,7 @@ class LockBackendContract:
             lock_lost.disconnect(on_lost)
 
     def test_decorator_acquires_on_each_call(self, backend, peer):
-        @lock_tree("/decorated", timeout=0, backend=backend)
+        @self.api.lock_tree("/decorated", timeout=0, backend=backend)
         def work():
             return peer.acquire("w", scheme="tree", path="/decorated", timeout=0)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import abc
+import asyncio
+import functools
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -165,6 +167,38 @@ class BaseLockBackend(abc.ABC):
         stores that can notify override it.
         """
         time.sleep(min(timeout, backoff_delay(attempt)))
+
+    # --- the async twins ---------------------------------------------------
+    #
+    # By default each runs its sync method in a worker thread for the length of
+    # one call (a try, a release), never for a whole wait: a waiting task sleeps
+    # on the event loop. Backends with an async driver override them.
+
+    async def aacquire(self, request: LockRequest) -> Grant | None:
+        """Async :meth:`acquire`."""
+        return await asyncio.to_thread(self.acquire, request)
+
+    async def arelease(self, grant: Grant) -> bool:
+        """Async :meth:`release`."""
+        return await asyncio.to_thread(self.release, grant)
+
+    async def arenew(
+        self,
+        grant: Grant,
+        *,
+        checkpoint: dict[str, Any] | None = None,
+        recovery: dict[str, Any] | None = None,
+    ) -> bool:
+        """Async :meth:`renew`."""
+        return await asyncio.to_thread(functools.partial(self.renew, grant, checkpoint=checkpoint, recovery=recovery))
+
+    async def awithdraw(self, request: LockRequest) -> None:
+        """Async :meth:`withdraw`."""
+        await asyncio.to_thread(self.withdraw, request)
+
+    async def await_release(self, targets: Sequence[tuple[Node, Mode]], timeout: float, attempt: int) -> None:
+        """Async :meth:`wait`: by default a backoff step on the event loop."""
+        await asyncio.sleep(min(timeout, backoff_delay(attempt)))
 
     def setup(self) -> None:
         """Create what the store needs (index, tables); safe to call again."""

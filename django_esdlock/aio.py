@@ -1,0 +1,190 @@
+"""Locks for coroutines: ``async with alock_tree(...)``, the twins of the blocking API in ``locks.py``.
+
+The waiting loop, the request and the bookkeeping are the blocking Lock's
+(:class:`~django_esdlock.locks.BaseLock`); only the driver differs: each
+step is awaited, so a waiting task sleeps on the event loop and ties up no
+thread. Leases are renewed by the process's renewer thread, as for blocking
+locks, so a lock held across ``await`` points stays renewed even while the
+loop is busy elsewhere (or blocked).
+
+Cancellation never leaves a lock half held: a try the task was cancelled in
+is let finish (shielded), and a grant it brings back after the cancel is
+given back before the ``CancelledError`` goes on; a task cancelled while
+holding still releases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from .backends.base import BaseLockBackend
+from .exceptions import LockStoreBusy
+from .locks import (
+    _TRY,
+    BaseLock,
+    _Sleep,
+    _validate_json,
+    document_targets,
+    global_targets,
+    tree_targets,
+)
+from .records import Grant, LockRequest
+
+logger = logging.getLogger("django_esdlock")
+
+T = TypeVar("T")
+
+
+async def _settle(future: asyncio.Future[Any]) -> bool:
+    """Wait until ``future`` is done, through any cancellation of the caller; return True if it was cancelled."""
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.wait([future])  # unlike awaiting it, a cancelled wait leaves the future running
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
+
+
+async def _shielded(work: Awaitable[T]) -> T:
+    """Run ``work`` to its end whatever happens to the caller; a cancel of the caller is raised after it."""
+    future = asyncio.ensure_future(work)
+    if await _settle(future):
+        future.exception()  # retrieved: the cancel is what goes on
+        raise asyncio.CancelledError
+    return future.result()
+
+
+class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
+    """A lock for coroutines: ``async with``, or a decorator of coroutine functions (each call acquires anew)."""
+
+    def _recreate_cm(self) -> AsyncLock:
+        return type(self)(
+            self.targets,
+            timeout=self.timeout,
+            ttl=self.ttl,
+            intent=self.intent,
+            reentrant=self.reentrant,
+            backend=self._backend,
+        )
+
+    async def acquire(self) -> AsyncLock:
+        """Take the lock, waiting as ``timeout`` says; return self."""
+        backend, request = self._start()
+        steps = self._attempts(backend, request)
+        try:
+            step = next(steps)
+            while True:
+                outcome: Any = None
+                if step is _TRY:
+                    outcome = await self._try(backend, request)
+                elif isinstance(step, _Sleep):
+                    await asyncio.sleep(step.seconds)
+                else:
+                    await backend.await_release(self.targets, step.seconds, step.attempt)
+                step = steps.send(outcome)
+        except StopIteration as done:
+            grant, started = done.value
+        except BaseException:
+            if request.ticket is not None:
+                with contextlib.suppress(Exception):  # the markers expire by themselves anyway
+                    await _shielded(backend.awithdraw(request))
+            raise
+        self._hold(grant, started)
+        return self
+
+    @staticmethod
+    async def _try(backend: BaseLockBackend, request: LockRequest) -> Grant | LockStoreBusy | None:
+        """One try of the backend's acquire; cancelled during it, give back what it brings, then re-raise."""
+        attempt = asyncio.ensure_future(backend.aacquire(request))
+        if await _settle(attempt):
+            grant = None if attempt.exception() else attempt.result()
+            if grant is not None:
+                with contextlib.suppress(Exception):
+                    await _shielded(backend.arelease(grant))
+            raise asyncio.CancelledError
+        try:
+            return attempt.result()
+        except LockStoreBusy as e:
+            return e
+
+    async def release(self) -> None:
+        """Give the lock back (even if the task is cancelled meanwhile); raise LockLost if it had been lost."""
+        grant = self._grant
+        if grant is None:
+            return
+        was_lost, already_signalled = self._letting_go()
+        try:
+            still_held = await _shielded(self.backend.arelease(grant))
+        finally:
+            self._grant = None
+        self._released(still_held, was_lost, already_signalled)
+
+    async def checkpoint(self, data: Mapping[str, Any]) -> None:
+        """Record how far the work under this lock got (and renew the lease)."""
+        checkpoint = _validate_json(data, "checkpoint")
+        self.check()
+        assert self._grant is not None
+        started = time.monotonic()
+        if not await self.backend.arenew(self._grant, checkpoint=checkpoint):
+            self._mark_lost("its holder record was gone at checkpoint")
+            self.check()
+        self._renewed(started)
+
+    async def __aenter__(self) -> AsyncLock:
+        return await self.acquire()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            await self.release()
+            return
+        try:
+            await self.release()
+        except Exception:
+            # The block's own exception is the one to see; the lease ends the lock anyway.
+            logger.warning("releasing %r after %s failed", self, exc_type.__name__, exc_info=True)
+
+
+def alock_tree(
+    path: str,
+    *,
+    shared: bool = False,
+    timeout: float | None = None,
+    ttl: float | None = None,
+    namespace: str = "default",
+    intent: Mapping[str, Any] | None = None,
+    backend: BaseLockBackend | None = None,
+) -> AsyncLock:
+    """Async :func:`~django_esdlock.lock_tree`: X on ``path`` (S if ``shared``), IX (IS) on its ancestors."""
+    targets = tree_targets(path, shared=shared, namespace=namespace, intent=intent)
+    return AsyncLock(targets, timeout=timeout, ttl=ttl, intent=intent, backend=backend)
+
+
+def aglobal_lock(
+    name: str = "global",
+    *,
+    timeout: float | None = None,
+    ttl: float | None = None,
+    backend: BaseLockBackend | None = None,
+) -> AsyncLock:
+    """Async :func:`~django_esdlock.global_lock`."""
+    return AsyncLock(global_targets(name), timeout=timeout, ttl=ttl, backend=backend)
+
+
+def alock_documents(
+    ids: Iterable[str],
+    *,
+    namespace: str = "default",
+    timeout: float | None = None,
+    ttl: float | None = None,
+    backend: BaseLockBackend | None = None,
+) -> AsyncLock:
+    """Async :func:`~django_esdlock.lock_documents`: ids this task holds already are kept."""
+    return AsyncLock(
+        document_targets(ids, namespace=namespace), timeout=timeout, ttl=ttl, reentrant=True, backend=backend
+    )
