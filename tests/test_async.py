@@ -20,8 +20,16 @@ def lock_config(store_config):
     return store_config
 
 
-def run(coroutine, timeout: float = 120):
-    return asyncio.run(asyncio.wait_for(coroutine, timeout))
+def run(coroutine, backend, timeout: float = 120):
+    """Run ``coroutine`` on a new event loop, closing the backend's connections of that loop after it."""
+
+    async def main():
+        try:
+            return await asyncio.wait_for(coroutine, timeout)
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(main())
 
 
 def test_two_tasks_of_one_thread_are_two_holders(backend):
@@ -34,7 +42,7 @@ def test_two_tasks_of_one_thread_are_two_holders(backend):
             async with alock_documents(["1", "2"], timeout=0, backend=backend):
                 pass
 
-    run(main())
+    run(main(), backend)
     assert all_holders(backend) == []
 
 
@@ -50,7 +58,7 @@ def test_a_task_waiting_on_what_it_holds_is_a_deadlock(backend):
 
             await asyncio.create_task(other_task())
 
-    run(main())
+    run(main(), backend)
 
 
 def test_the_decorator_acquires_on_each_call(backend):
@@ -58,8 +66,8 @@ def test_the_decorator_acquires_on_each_call(backend):
     async def job():
         return {h.node.key for h in await asyncio.to_thread(all_holders, backend)}
 
-    assert run(job()) == {"nightly"}
-    assert run(job()) == {"nightly"}
+    assert run(job(), backend) == {"nightly"}
+    assert run(job(), backend) == {"nightly"}
     assert all_holders(backend) == []
 
 
@@ -78,7 +86,7 @@ def test_cancelled_while_holding_still_releases(backend):
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    run(main())
+    run(main(), backend)
     assert all_holders(backend) == []
 
 
@@ -106,7 +114,7 @@ def test_cancellation_at_random_points_of_acquire_leaves_nothing(backend):
                 outcomes["acquired"] += 1
         await blocker.release()
 
-    run(main(), timeout=300)
+    run(main(), backend, timeout=300)
     assert outcomes["cancelled"] >= ROUNDS // 3  # every try on the busy path, at least
     assert all_holders(backend) == []
 
@@ -124,7 +132,7 @@ def test_timeout_by_asyncio_leaves_nothing(backend):
 
     if not hasattr(asyncio, "timeout"):
         pytest.skip("asyncio.timeout needs Python 3.11")
-    run(main())
+    run(main(), backend)
     assert all_holders(backend) == []
 
 
@@ -135,7 +143,7 @@ def test_a_hundred_tasks_contending_for_one_tree_never_overlap(backend):
     paths = ["/r", "/r/a", "/r/b", "/r/a/x"]
     inside: dict[str, int] = {}
     overlaps: list[str] = []
-    tokens: list[int] = []
+    entries: list[tuple[str, int]] = []  # (path, token) in the order the holds began
 
     def covers(path: str) -> list[str]:
         return [p for p in paths if p == path or p.startswith(path + "/") or path.startswith(p + "/")]
@@ -148,15 +156,18 @@ def test_a_hundred_tasks_contending_for_one_tree_never_overlap(backend):
                 if any(inside.get(p) for p in covers(path)):
                     overlaps.append(path)
                 inside[path] = inside.get(path, 0) + 1
-                tokens.append(lock.token)
+                entries.append((path, lock.token))
                 await asyncio.sleep(rng.uniform(0, 0.003))
                 inside[path] -= 1
 
     async def main():
         await asyncio.gather(*(worker(seed) for seed in range(tasks)))
 
-    run(main(), timeout=600)
+    run(main(), backend, timeout=600)
     assert overlaps == []
-    assert len(tokens) == tasks * rounds
-    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+    assert len(entries) == tasks * rounds
+    # Fencing: a hold's token exceeds that of every earlier hold it conflicts with (those had ended).
+    for i, (path, token) in enumerate(entries):
+        older = [t for p, t in entries[:i] if p in covers(path)]
+        assert all(t < token for t in older), (path, token, max(older))
     assert all_holders(backend) == []

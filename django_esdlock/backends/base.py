@@ -196,6 +196,9 @@ class BaseLockBackend(abc.ABC):
         """Async :meth:`withdraw`."""
         await asyncio.to_thread(self.withdraw, request)
 
+    async def aclose(self) -> None:
+        """Close what the running event loop's calls opened (call it before the loop ends)."""
+
     async def await_release(self, targets: Sequence[tuple[Node, Mode]], timeout: float, attempt: int) -> None:
         """Async :meth:`wait`: by default a backoff step on the event loop."""
         await asyncio.sleep(min(timeout, backoff_delay(attempt)))

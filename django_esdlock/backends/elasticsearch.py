@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -12,8 +13,9 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+import weakref
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
@@ -32,6 +34,10 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     ) from e
 
 MAPPING_VERSION = 1
+
+T = TypeVar("T")
+
+_ALREADY_EXISTS = "resource_already_exists_exception"
 
 _OWNER = {
     "properties": {
@@ -265,6 +271,42 @@ def _hit_records(hit: Mapping[str, Any]) -> list[HolderRecord]:
     return _records(hit["_source"], [h["_source"] for h in inner["hits"]["hits"]] if inner else [])
 
 
+@dataclasses.dataclass(frozen=True)
+class _Api:
+    """A client call to make: ``client.<name>(**kwargs)``, the name dotted for namespaces (``indices.create``)."""
+
+    name: str
+    kwargs: dict[str, Any]
+    options: dict[str, Any] | None = None
+    """For ``client.options(...)`` first (``ignore_status``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pause:
+    seconds: float
+
+
+Steps = Generator[_Api | _Pause, Any, T]
+"""What the backend's logic is written as: it yields the calls and pauses it needs and is sent their results
+(or thrown their errors), so that one copy of it runs on the blocking client (:meth:`_run`) and on the
+async one (:meth:`_arun`)."""
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _perform(client: Any, api: _Api) -> Any:
+    if api.options:
+        client = client.options(**api.options)
+    for name in api.name.split("."):
+        client = getattr(client, name)
+    return client(**api.kwargs)
+
+
 class ElasticsearchLockBackend(BaseLockBackend):
     """Locks as documents of one Elasticsearch index, as the chapter builds them.
 
@@ -304,9 +346,11 @@ class ElasticsearchLockBackend(BaseLockBackend):
         self.index = index
         self.client_options = client_options
         self._index_ready = False
-        self._setup_lock = threading.Lock()
         self._client: elasticsearch.Elasticsearch | None = None
         self._client_pid: int | None = None
+        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, elasticsearch.AsyncElasticsearch] = (
+            weakref.WeakKeyDictionary()
+        )
         self._sole: dict[str, dict[str, tuple[int, int]]] = {}
         """holder id -> node id -> (seq_no, primary_term) of our last write, where it left that holder alone."""
         self._sole_lock = threading.Lock()
@@ -330,10 +374,68 @@ class ElasticsearchLockBackend(BaseLockBackend):
             self._client_pid = os.getpid()
         return self._client
 
+    @property
+    def aclient(self) -> elasticsearch.AsyncElasticsearch:
+        """The async client of the running event loop (one per loop: its connections belong to it)."""
+        loop = asyncio.get_running_loop()
+        client = self._aclients.get(loop)
+        if client is None:
+            options = {"retry_on_status": (), **self.client_options}
+            client = self._aclients[loop] = elasticsearch.AsyncElasticsearch(self.hosts, **options)
+        return client
+
     def close(self) -> None:
         client, self._client = self._client, None
         if client is not None and self._client_pid == os.getpid():
             client.close()
+        aclients, self._aclients = self._aclients, weakref.WeakKeyDictionary()
+        for loop, aclient in list(aclients.items()):
+            # A loop that is gone took its connections with it; one that runs in
+            # another thread closes them there; this thread's own loop: see aclose().
+            if loop.is_closed() or loop is _running_loop():
+                continue
+            if loop.is_running():
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(aclient.close(), loop).result(timeout=5)
+            else:
+                loop.run_until_complete(aclient.close())
+
+    async def aclose(self) -> None:
+        """Close the async client of the running loop (the blocking one stays)."""
+        client = self._aclients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()
+
+    def _run(self, steps: Steps[T]) -> T:
+        """Drive ``steps`` with the blocking client."""
+        try:
+            step = next(steps)
+            while True:
+                try:
+                    result = _perform(self.client, step) if isinstance(step, _Api) else time.sleep(step.seconds)
+                except Exception as e:  # noqa: BLE001 - the steps decide what a failure means
+                    step = steps.throw(e)
+                else:
+                    step = steps.send(result)
+        except StopIteration as done:
+            return done.value
+
+    async def _arun(self, steps: Steps[T]) -> T:
+        """Drive ``steps`` with the async client of the running loop."""
+        try:
+            step = next(steps)
+            while True:
+                try:
+                    if isinstance(step, _Api):
+                        result = await _perform(self.aclient, step)
+                    else:
+                        result = await asyncio.sleep(step.seconds)
+                except Exception as e:  # noqa: BLE001 - the steps decide what a failure means
+                    step = steps.throw(e)
+                else:
+                    step = steps.send(result)
+        except StopIteration as done:
+            return done.value
 
     @contextlib.contextmanager
     def _translate(self, action: str) -> Iterator[None]:
@@ -345,8 +447,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
             error = LockStoreBusy if busy else LockBackendUnavailable
             raise error(f"Elasticsearch failed to {action} ({self.describe()}): {e}") from e
 
-    def _call(self, action: str, call: Callable[[], Any], *, retry_for: float | None = None) -> Any:
-        """Return ``call()``; while the store is busy, retry with backoff for ``retry_for`` seconds.
+    def _call_steps(self, action: str, api: _Api, *, retry_for: float | None = None) -> Steps[Any]:
+        """Make the call ``api``; while the store is busy, retry with backoff for ``retry_for`` seconds.
 
         The default is :attr:`busy_retry`; 0 tries once. Other failures are
         not retried.
@@ -355,35 +457,37 @@ class ElasticsearchLockBackend(BaseLockBackend):
         for attempt in itertools.count():
             try:
                 with self._translate(action):
-                    return call()
+                    return (yield api)
             except LockStoreBusy:
                 delay = backoff_delay(attempt, cap=BUSY_BACKOFF_CAP)
                 if time.monotonic() + delay > deadline:
                     raise
-                time.sleep(delay)
+                yield _Pause(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _call(self, action: str, api: _Api, *, retry_for: float | None = None) -> Any:
+        return self._run(self._call_steps(action, api, retry_for=retry_for))
 
     def setup(self) -> None:
         """Create the lock index with its strict mapping unless it exists."""
+        self._run(self._setup_steps())
 
-        def create() -> None:
-            if not self.client.indices.exists(index=self.index):
-                try:
-                    self.client.indices.create(index=self.index, settings=INDEX_SETTINGS, mappings=MAPPING)
-                except elasticsearch.BadRequestError as e:
-                    if e.error != "resource_already_exists_exception":
-                        raise
-
-        self._call("create the lock index", create)
+    def _setup_steps(self) -> Steps[None]:
+        if not (yield from self._call_steps("look up the lock index", _Api("indices.exists", {"index": self.index}))):
+            create = _Api("indices.create", {"index": self.index, "settings": INDEX_SETTINGS, "mappings": MAPPING})
+            try:
+                yield from self._call_steps("create the lock index", create)
+            except LockBackendUnavailable as e:
+                cause = e.__cause__
+                if not (isinstance(cause, elasticsearch.BadRequestError) and cause.error == _ALREADY_EXISTS):
+                    raise
         self._index_ready = True
 
-    def _ensure_index(self) -> None:
+    def _ensure_index_steps(self) -> Steps[None]:
         # Before the first write: an update would otherwise auto-create the
-        # index with a dynamic mapping.
+        # index with a dynamic mapping. Two callers may both set it up: that is safe.
         if not self._index_ready:
-            with self._setup_lock:
-                if not self._index_ready:
-                    self.setup()
+            yield from self._setup_steps()
 
     def _scripted(
         self, node_id: str, source: str, params: dict[str, Any], *, fields: list[str] | None = None, **body: Any
@@ -403,6 +507,11 @@ class ElasticsearchLockBackend(BaseLockBackend):
     def _bulk(
         self, operations: list[dict[str, Any]], action: str, *, retry_for: float | None = None
     ) -> list[dict[str, Any]]:
+        return self._run(self._bulk_steps(operations, action, retry_for=retry_for))
+
+    def _bulk_steps(
+        self, operations: list[dict[str, Any]], action: str, *, retry_for: float | None = None
+    ) -> Steps[list[dict[str, Any]]]:
         """Send ``operations`` in one ``_bulk``; return its items in order.
 
         While the store is busy, as a whole or for some items, send again what
@@ -417,23 +526,28 @@ class ElasticsearchLockBackend(BaseLockBackend):
         deadline = time.monotonic() + (self.busy_retry if retry_for is None else retry_for)
         for attempt in itertools.count():
             batch = [line for i in pending for line in lines[i]]
-            answered = self._call(
-                action,
-                lambda batch=batch: self.client.bulk(operations=batch)["items"],
-                retry_for=max(0.0, deadline - time.monotonic()),
+            answer = yield from self._call_steps(
+                action, _Api("bulk", {"operations": batch}), retry_for=max(0.0, deadline - time.monotonic())
             )
+            answered = answer["items"]
             for i, item in zip(pending, answered, strict=True):
                 items[i] = item
             pending = [i for i in pending if _busy(items[i])]
             delay = backoff_delay(attempt, cap=BUSY_BACKOFF_CAP)
             if not pending or time.monotonic() + delay > deadline:
                 return items
-            time.sleep(delay)
+            yield _Pause(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
     # --- the primitive ------------------------------------------------------
 
     def acquire(self, request: LockRequest) -> Grant | None:
+        return self._run(self._acquire_steps(request))
+
+    async def aacquire(self, request: LockRequest) -> Grant | None:
+        return await self._arun(self._acquire_steps(request))
+
+    def _acquire_steps(self, request: LockRequest) -> Steps[Grant | None]:
         """Create the nodes that do not exist (CREATE), then take the others (ACQUIRE), all or nothing.
 
         Uncontended, every node is fresh and the first ``_bulk`` is the only
@@ -445,7 +559,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         writes nothing (its markers are fresh) and takes no ancestor it would
         only give back.
         """
-        self._ensure_index()
+        yield from self._ensure_index_steps()
         holder = {"id": request.holder_id, "owner": request.owner.as_dict()}
         if request.intent is not None:
             holder["intent"] = request.intent
@@ -455,18 +569,19 @@ class ElasticsearchLockBackend(BaseLockBackend):
         outcome = AcquireOutcome([], [], [], 0)
         try:
             if probe:
-                items = self._bulk(self._acquire_items(probe, holder, request), "acquire", retry_for=0)
+                items = yield from self._bulk_steps(self._acquire_items(probe, holder, request), "acquire", retry_for=0)
                 outcome = read_acquire_items(request, items, probe)
             if not (outcome.refused or outcome.errors or outcome.busy):
                 rest = [t for t in request.targets if t not in probe]
-                outcome = _merge(outcome, self._take(rest, holder, request))
+                outcome = _merge(outcome, (yield from self._take_steps(rest, holder, request)))
         except LockBackendUnavailable:
             # A bulk may have been applied in part: give back whatever it took.
-            self._release_nodes(request.holder_id, request.owner.key, [n for n, _ in request.targets], quiet=True)
+            nodes = [n for n, _ in request.targets]
+            yield from self._release_steps(request.holder_id, request.owner.key, nodes, quiet=True)
             raise
         if outcome.errors or outcome.refused or outcome.busy:
             failed = bool(outcome.errors or outcome.busy)
-            self._release_nodes(request.holder_id, request.owner.key, outcome.taken, quiet=failed)
+            yield from self._release_steps(request.holder_id, request.owner.key, outcome.taken, quiet=failed)
             if outcome.errors:
                 raise LockBackendUnavailable(f"Elasticsearch refused the acquire: {'; '.join(outcome.errors)}")
             if not outcome.refused:
@@ -476,15 +591,16 @@ class ElasticsearchLockBackend(BaseLockBackend):
             return None
         return Grant(request=request, token=outcome.token, taken=tuple(outcome.taken))
 
-    def _take(
+    def _take_steps(
         self, targets: Sequence[tuple[Node, modes.Mode]], holder: dict[str, Any], request: LockRequest
-    ) -> AcquireOutcome:
+    ) -> Steps[AcquireOutcome]:
         """Take ``targets``: CREATE where the node may be new, ACQUIRE where it exists; stop at the first refusal."""
         with self._sole_lock:
             known = [t for t in targets if t[0].id in self._existing]
         fresh = [t for t in targets if t not in known]
         operations = [op for node, mode in fresh for op in self._create_item(node, mode, holder, request)]
-        items = self._bulk(operations + self._acquire_items(known, holder, request), "acquire", retry_for=0)
+        operations += self._acquire_items(known, holder, request)
+        items = yield from self._bulk_steps(operations, "acquire", retry_for=0)
         fresh_items, known_items = items[: len(fresh)], items[len(fresh) :]
         existing = [t for t, i in zip(fresh, fresh_items, strict=True) if _result(i) == "noop"]
         created = [(t, i) for t, i in zip(fresh, fresh_items, strict=True) if _result(i) != "noop"]
@@ -496,7 +612,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         read = created + list(zip(known, known_items, strict=True))
         outcome = read_acquire_items(request, [i for _, i in read], [t for t, _ in read])
         if existing and not (outcome.refused or outcome.errors or outcome.busy):
-            items = self._bulk(self._acquire_items(existing, holder, request), "acquire", retry_for=0)
+            items = yield from self._bulk_steps(self._acquire_items(existing, holder, request), "acquire", retry_for=0)
             outcome = _merge(outcome, read_acquire_items(request, items, existing))
         elif existing:
             outcome.refused.extend(node for node, _ in existing)  # not tried: the request failed already
@@ -608,21 +724,30 @@ class ElasticsearchLockBackend(BaseLockBackend):
             return self._sole.pop(holder_id, {})
 
     def withdraw(self, request: LockRequest) -> None:
+        self._run(self._withdraw_steps(request))
+
+    async def awithdraw(self, request: LockRequest) -> None:
+        await self._arun(self._withdraw_steps(request))
+
+    def _withdraw_steps(self, request: LockRequest) -> Steps[None]:
         with self._sole_lock:
             self._blocked.pop(request.holder_id, None)
         params = {"holder_id": request.holder_id}
         operations = [op for node, _ in request.targets for op in self._scripted(node.id, scripts.WITHDRAW, params)]
-        self._bulk(operations, "withdraw waiting markers")
+        yield from self._bulk_steps(operations, "withdraw waiting markers")
 
     def release(self, grant: Grant) -> bool:
-        return self._release_nodes(grant.request.holder_id, grant.request.owner.key, grant.taken)
+        return self._run(self._release_steps(grant.request.holder_id, grant.request.owner.key, grant.taken))
+
+    async def arelease(self, grant: Grant) -> bool:
+        return await self._arun(self._release_steps(grant.request.holder_id, grant.request.owner.key, grant.taken))
 
     def force_release(self, holder_id: str, nodes: Sequence[Node]) -> bool:
-        return self._release_nodes(holder_id, None, nodes)
+        return self._run(self._release_steps(holder_id, None, nodes))
 
-    def _release_nodes(
+    def _release_steps(
         self, holder_id: str, owner_key: str | None, nodes: Sequence[Node], *, quiet: bool = False
-    ) -> bool:
+    ) -> Steps[bool]:
         """Remove ``holder_id`` (of ``owner_key``, or anyone's) from ``nodes``; True if it was on all.
 
         A node this holder created and that nobody wrote since is deleted
@@ -642,14 +767,15 @@ class ElasticsearchLockBackend(BaseLockBackend):
             else:
                 operations += self._scripted(node.id, scripts.RELEASE, params)
         try:
-            items = self._bulk(operations, "release", retry_for=retry_for)
+            items = yield from self._bulk_steps(operations, "release", retry_for=retry_for)
             changed = [
                 node for node, item in zip(nodes, items, strict=True) if "delete" in item and _result(item) != "deleted"
             ]
             scripted = [(node, item) for node, item in zip(nodes, items, strict=True) if "update" in item]
             if changed:
                 operations = [op for node in changed for op in self._scripted(node.id, scripts.RELEASE, params)]
-                scripted += zip(changed, self._bulk(operations, "release", retry_for=retry_for), strict=True)
+                again = yield from self._bulk_steps(operations, "release", retry_for=retry_for)
+                scripted += zip(changed, again, strict=True)
         except LockBackendUnavailable:
             if quiet:
                 return False  # the lease will end it; the caller is already failing
@@ -676,6 +802,20 @@ class ElasticsearchLockBackend(BaseLockBackend):
         checkpoint: dict[str, Any] | None = None,
         recovery: dict[str, Any] | None = None,
     ) -> bool:
+        return self._run(self._renew_steps(grant, checkpoint, recovery))
+
+    async def arenew(
+        self,
+        grant: Grant,
+        *,
+        checkpoint: dict[str, Any] | None = None,
+        recovery: dict[str, Any] | None = None,
+    ) -> bool:
+        return await self._arun(self._renew_steps(grant, checkpoint, recovery))
+
+    def _renew_steps(
+        self, grant: Grant, checkpoint: dict[str, Any] | None, recovery: dict[str, Any] | None
+    ) -> Steps[bool]:
         params = {
             "holder_id": grant.request.holder_id,
             "owner_key": grant.request.owner.key,
@@ -690,7 +830,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         ]
         if not operations:
             return True
-        items = self._bulk(operations, "renew", retry_for=0)  # the renewer retries within the lease
+        items = yield from self._bulk_steps(operations, "renew", retry_for=0)  # the renewer retries within the lease
         self._renewed_sole(grant.request.holder_id, grant.taken, items)
         transient = [i["update"] for i in items if i["update"].get("status") in BUSY_STATUSES | {409}]
         if transient:
@@ -700,10 +840,10 @@ class ElasticsearchLockBackend(BaseLockBackend):
     # --- inspection and maintenance -------------------------------------------
 
     def _refresh(self) -> None:
-        self._call("refresh the lock index", lambda: self.client.indices.refresh(index=self.index))
+        self._call("refresh the lock index", _Api("indices.refresh", {"index": self.index}))
 
     def _index_exists(self) -> bool:
-        return bool(self._call("look up the lock index", lambda: self.client.indices.exists(index=self.index)))
+        return bool(self._call("look up the lock index", _Api("indices.exists", {"index": self.index})))
 
     def holders(
         self,
@@ -751,7 +891,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         body: dict[str, Any] = {"query": {"bool": {"filter": filters}}, "sort": _SORT, "size": limit}
         if cursor:
             body["search_after"] = _decode_cursor(cursor)
-        hits = self._call("list holders", lambda: self.client.search(index=self.index, **body))["hits"]["hits"]
+        hits = self._call("list holders", _Api("search", {"index": self.index, **body}))["hits"]["hits"]
         records = []
         for hit in hits:
             inner = hit.get("inner_hits", {}).get("match")
@@ -762,9 +902,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
     def node_holders(self, node: Node) -> list[HolderRecord]:
         if not self._index_exists():
             return []
-        response = self._call(
-            "read a lock node", lambda: self.client.options(ignore_status=404).get(index=self.index, id=node.id)
-        )
+        get = _Api("get", {"index": self.index, "id": node.id}, options={"ignore_status": 404})
+        response = self._call("read a lock node", get)
         return _records(response["_source"]) if response.get("found") else []
 
     page_size = 5000
@@ -884,7 +1023,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
             "track_total_hits": False,
         }
         while True:
-            hits = self._call("search holders", lambda: self.client.search(index=self.index, **body))["hits"]["hits"]
+            hits = self._call("search holders", _Api("search", {"index": self.index, **body}))["hits"]["hits"]
             if hits:
                 yield hits
             if len(hits) < self.page_size:
