@@ -16,10 +16,12 @@ from .stores import elasticsearch_url, es_store
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):
-    """Mark the tests of every ``test_*_browser.py`` module ``browser``: they drive Chromium."""
+    """Mark the tests of ``test_*_browser.py`` modules ``browser`` (they drive Chromium), the benchmark's ``bench``."""
     for item in items:
         if item.module.__name__.endswith("_browser"):
             item.add_marker(pytest.mark.browser)
+        elif item.module.__name__.endswith(".test_bench"):
+            item.add_marker(pytest.mark.bench)
 
 
 def pytest_collection_finish(session):
