@@ -13,6 +13,9 @@ from .dbstores import postgres_store, sqlite_store
 from .peer import Peer
 from .stores import elasticsearch_url, es_store
 
+if os.environ.get("ESDLOCK_ES") == "noida":  # the local override: noida-db even where an Elasticsearch is configured
+    os.environ.pop("ELASTICSEARCH_URL", None)
+
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):
