@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -41,15 +42,27 @@ def wait_for(lines: queue.Queue, text: str, seen: list[str]) -> None:
             return
 
 
+@pytest.fixture
+def noida_dir(tmp_path):
+    """The demo's noida-db data dir; a server a failed test left running there (in a session of its own) is stopped."""
+    yield tmp_path / "noida"
+    with contextlib.suppress(OSError, ValueError):
+        os.kill(int((tmp_path / "noida" / "noida-server.pid").read_text()), signal.SIGTERM)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_demo_serves_then_stops_its_noida_db_on(signum, tmp_path):
+def test_demo_serves_then_stops_its_noida_db_on(signum, tmp_path, noida_dir):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in {"ELASTICSEARCH_URL", "LOCK_URL", "LOCK_BACKEND"}}
     # The fresh machine: SQLite for everything (not the tests' PostgreSQL), noida-db started by the demo.
     env.update(DATABASE_URL=f"sqlite:///{tmp_path / 'example.sqlite3'}", PYTHONUNBUFFERED="1")
     env.pop("DJANGO_SETTINGS_MODULE", None)
-    command = [sys.executable, "manage.py", "demo", f"127.0.0.1:{port}", "--files", "200", "--race-files", "100"]
-    command += ["--race-rounds", "1", "--data-dir", str(tmp_path / "noida"), "--es-port", "0"]
+    demo = ["manage.py", "demo", f"127.0.0.1:{port}", "--files", "200", "--race-files", "100", "--race-rounds", "1"]
+    demo += ["--data-dir", str(noida_dir), "--es-port", "0"]
+    # As from a terminal: SIGINT at its default, which Python turns into KeyboardInterrupt. A test run
+    # started in the background of a script (.ci/run's tox) inherits SIGINT ignored, and exec keeps that.
+    restore = "import os, signal as s, sys; s.signal(s.SIGINT, s.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    command = [sys.executable, "-c", restore, sys.executable, *demo]
     process = subprocess.Popen(
         command, cwd=ROOT_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -70,4 +83,4 @@ def test_demo_serves_then_stops_its_noida_db_on(signum, tmp_path):
             process.wait(timeout=30)
     with pytest.raises(OSError):
         urllib.request.urlopen(noida, timeout=2)  # noida-db stopped with the demo
-    assert not (tmp_path / "noida" / "noida-server.pid").exists()
+    assert not (noida_dir / "noida-server.pid").exists()
