@@ -8,7 +8,11 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("ESDLOCK_CHROMIUM") or "/usr/bin/chromium"
+MISSING = (
+    f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium; ./runtests does it as root), "
+    "or point ESDLOCK_CHROMIUM at a Chromium"
+)
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -21,11 +25,15 @@ CHROMIUM_ARGS = [
 ]
 
 
+def chromium_present() -> bool:
+    return shutil.which(CHROMIUM) is not None
+
+
 @contextlib.contextmanager
 def chromium_page() -> Iterator:
     """Yield a Playwright page of a headless Debian Chromium (never a downloaded browser)."""
-    if not shutil.which(CHROMIUM):
-        raise RuntimeError(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does)")
+    if not chromium_present():
+        raise RuntimeError(MISSING)
     from playwright.sync_api import sync_playwright
 
     # Playwright's sync API runs an event loop in this thread; Django's ORM calls

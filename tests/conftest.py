@@ -2,13 +2,45 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from django_esdlock.conf import load_backend
 
+from . import browser, throwaway_postgres
 from .dbstores import postgres_store, sqlite_store
 from .peer import Peer
 from .stores import elasticsearch_url, es_store
+
+if os.environ.get("ESDLOCK_ES") == "noida":  # the local override: noida-db even where an Elasticsearch is configured
+    os.environ.pop("ELASTICSEARCH_URL", None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items):
+    """Mark the tests of ``test_*_browser.py`` modules ``browser`` (they drive Chromium), the benchmark's ``bench``."""
+    for item in items:
+        if item.module.__name__.endswith("_browser"):
+            item.add_marker(pytest.mark.browser)
+        elif item.module.__name__.endswith(".test_bench"):
+            item.add_marker(pytest.mark.bench)
+
+
+def pytest_collection_finish(session):
+    """Refuse to start, in one line, when a selected test needs a Chromium that is not there."""
+    if not browser.chromium_present() and any(item.get_closest_marker("browser") for item in session.items):
+        raise pytest.UsageError(f"{browser.MISSING}; or deselect the browser tests with -m 'not browser'")
+
+
+def pytest_report_header():
+    url = throwaway_postgres.test_database_url()
+    source = "a throwaway server of this run" if throwaway_postgres.started() else "DATABASE_URL or 127.0.0.1:5432"
+    return [f"postgres: {url} ({source})", f"elasticsearch: {os.environ.get('ELASTICSEARCH_URL') or 'noida-db'}"]
+
+
+def pytest_unconfigure():
+    throwaway_postgres.stop()
 
 
 @pytest.fixture(scope="session")

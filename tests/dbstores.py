@@ -24,13 +24,9 @@ from django_esdlock.bench.stores import made_tables
 from django_esdlock.bench.stores import postgres_database as fresh_database
 from django_esdlock.conf import load_backend
 
+from .throwaway_postgres import test_database_url as database_url
+
 DB_BACKEND = "django_esdlock.backends.database.DatabaseLockBackend"
-DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/test"
-
-
-def database_url() -> str:
-    """The PostgreSQL the tests use: ``DATABASE_URL`` or the CI machine's."""
-    return os.environ.get("DATABASE_URL", DEFAULT_DATABASE_URL)
 
 
 def with_port(url: str, host: str, port: int) -> str:

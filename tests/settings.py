@@ -4,6 +4,8 @@ import os
 
 import environ
 
+from .throwaway_postgres import test_database_url
+
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True
@@ -44,7 +46,8 @@ DATABASES = {
         "NAME": os.environ.get("ESDLOCK_TEST_SQLITE", "test-default.sqlite3"),
         "TEST": {"NAME": os.environ.get("ESDLOCK_TEST_SQLITE", "test-default.sqlite3")},
     },
-    "postgres": environ.Env.db_url_config(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")),
+    # DATABASE_URL, else 127.0.0.1:5432, else a throwaway server started here, before any connection is made.
+    "postgres": environ.Env.db_url_config(test_database_url()),
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 STATIC_URL = "static/"
