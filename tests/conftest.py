@@ -9,7 +9,7 @@ import pytest
 from django_esdlock.conf import load_backend
 
 from . import browser, throwaway_postgres
-from .dbstores import postgres_store, sqlite_store
+from .dbstores import database_url, fresh_database, postgres_store, sqlite_store
 from .peer import Peer
 from .stores import elasticsearch_url, es_store
 
@@ -41,6 +41,26 @@ def pytest_report_header():
 
 def pytest_unconfigure():
     throwaway_postgres.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _postgres_alias_of_this_run(django_db_blocker):
+    """Point the ``postgres`` alias at a database of this run alone, dropped after it.
+
+    The server's ``test`` database outlives runs and is shared by every
+    checkout on the machine: lock tables and functions another checkout's
+    migrations left there must not decide this run.
+    """
+    from django.db import connections
+
+    with django_db_blocker.unblock(), fresh_database(database_url(), prefix="esdlock_alias") as url:
+        name = url.rsplit("/", 1)[1]
+        connections["postgres"].close()
+        connections.settings["postgres"]["NAME"] = connections["postgres"].settings_dict["NAME"] = name
+        try:
+            yield
+        finally:
+            connections["postgres"].close()
 
 
 @pytest.fixture(scope="session")
