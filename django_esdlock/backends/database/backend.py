@@ -37,7 +37,7 @@ from ..base import BaseLockBackend, backoff_delay, takeover_request
 from . import listener
 from .common import Dialect, decode_cursor, encode_cursor, json_text, record, takeover_params
 from .postgresql import SETUP_LOCK_KEY, PostgresDialect
-from .sqlite import SQLITE_BUSY_TIMEOUT, SQLiteDialect
+from .sqlite import SQLiteDialect
 
 logger = logging.getLogger("django_esdlock")
 
@@ -47,10 +47,10 @@ APP_LABEL = "django_esdlock"
 URL_ALIAS = "django_esdlock"
 """The alias the lock connection of a ``url`` configuration goes by (logs, routers, migrations)."""
 
-NOTIFY_QUEUED_POLL_CAP = 0.1
+NOTIFY_QUEUED_POLL_CAP = 0.5
 """Longest sleep of a queued waiter that listens (see ``BaseLockBackend.queued_poll_cap``)."""
 
-NOTIFY_FALLBACK_INITIAL = 0.05
+NOTIFY_FALLBACK_INITIAL = 0.25
 NOTIFY_FALLBACK_CAP = 2.0
 """Longest wait between attempts while listening: a lease that runs out sends no notification."""
 
@@ -151,8 +151,7 @@ class DatabaseLockBackend(BaseLockBackend):
     def _new_wrapper(self) -> BaseDatabaseWrapper:
         base = self._base_settings()
         options = {k: v for k, v in base["OPTIONS"].items() if k != "pool"}  # one long-lived connection per thread
-        if self.vendor == "sqlite":
-            options.setdefault("timeout", SQLITE_BUSY_TIMEOUT)
+        options = self.dialect.connection_options(options)
         settings_dict = {**base, "OPTIONS": options, "AUTOCOMMIT": True, "ATOMIC_REQUESTS": False}
         wrapper = load_backend(settings_dict["ENGINE"]).DatabaseWrapper(settings_dict, self.using or URL_ALIAS)
         wrapper.inc_thread_sharing()  # close() may come from another thread

@@ -72,6 +72,10 @@ class Dialect:
     NODE_FILTERS: ClassVar[dict[str, str]]
     HOLDER_FILTERS: ClassVar[dict[str, str]]
 
+    def connection_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Return the OPTIONS of a lock connection, given those of the configured database."""
+        return options
+
     def prepare(self, wrapper: Any, cursor: Any) -> None:
         """Set up a new connection for lock work."""
 

@@ -234,6 +234,17 @@ class PostgresDialect(Dialect):
     NODE_FILTERS = PostgresSQL.NODE_FILTERS
     HOLDER_FILTERS = PostgresSQL.HOLDER_FILTERS
 
+    def connection_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        # psycopg 3 binds parameters on the server and prepares a statement
+        # run five times: the constant acquire and release calls are then
+        # planned once per session, and their arrays sent without being
+        # spelled out as SQL text.
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:  # pragma: no cover - psycopg2
+            return options
+        return {"server_side_binding": True, **options}
+
     def prepare(self, wrapper: Any, cursor: Any) -> None:
         cursor.execute(PostgresSQL.SESSION, [])
         if wrapper.pg_version >= CLIENT_CHECK_SINCE:

@@ -277,6 +277,9 @@ class SQLiteDialect(Dialect):
     NODE_FILTERS = SQLiteSQL.NODE_FILTERS
     HOLDER_FILTERS = SQLiteSQL.HOLDER_FILTERS
 
+    def connection_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {"timeout": SQLITE_BUSY_TIMEOUT, **options}
+
     def prepare(self, wrapper: Any, cursor: Any) -> None:
         cursor.execute(SQLiteSQL.JOURNAL_MODE, [])
         if cursor.fetchone()[0] != "wal":
