@@ -606,6 +606,23 @@ def test_database_gone_mid_acquire_then_back(pg_config, backend_of):
         proxy.stop()
 
 
+def test_a_lost_acquire_answer_gives_the_grant_back(pg_config, backend_of, monkeypatch):
+    """The call committed a grant, the answer never reached the caller: the holder id is released at once."""
+    backend = backend_of(pg_config)
+    call = backend.dialect.acquire
+
+    def answer_lost(cursor, **kwargs):
+        call(cursor, **kwargs)
+        raise KeyboardInterrupt  # e.g. interrupted while reading the answer
+
+    monkeypatch.setattr(backend.dialect, "acquire", answer_lost)
+    with pytest.raises(KeyboardInterrupt):
+        backend.acquire(_request("/lost/answer", "/lost/answer/here"))
+    assert table_counts(pg_config) == (0, 0)
+    monkeypatch.undo()
+    assert backend.acquire(_request("/lost/answer/here")) is not None
+
+
 def test_client_killed_before_the_answer_leaves_at_most_a_lease_bound_grant(pg_config, backend_of):
     """Acquire is one autocommit call: a client killed after sending it may leave a grant; its lease ends it."""
     url = url_of(pg_config)

@@ -508,8 +508,10 @@ class DatabaseLockBackend(BaseLockBackend):
         if not dry_run:
             self._run("drop expired waiting markers", self.dialect.drop_expired_markers, transaction=False)
         evicted: list[HolderRecord] = []
+        if self.dialect.evicts_by_grant:
+            self._evict_by_grant(namespace, grace_ms, dry_run, progress, evicted)
         after: tuple[str, str, str] | None = None
-        while True:
+        while not self.dialect.evicts_by_grant:
             rows = self._run(
                 "find expired holders",
                 functools.partial(self._page_work, nodes=nodes, holders=["evictable"], params=params, after=after),
@@ -528,6 +530,35 @@ class DatabaseLockBackend(BaseLockBackend):
         if not dry_run:
             self.drop_idle_nodes()
         return evicted
+
+    def _evict_by_grant(
+        self,
+        namespace: str | None,
+        grace_ms: int,
+        dry_run: bool,
+        progress: Callable[[int], None] | None,
+        evicted: list[HolderRecord],
+    ) -> None:
+        """Evict page by page of :attr:`page_size` grants (whole holders), in holder id order."""
+        after = ""
+        while True:
+            find = functools.partial(
+                self.dialect.find_evictable, namespace=namespace, grace_ms=grace_ms, after=after, limit=self.page_size
+            )
+            rows, holder_ids = self._run("find expired holders", find, transaction=False)
+            if dry_run:
+                evicted.extend(record(row) for row in rows)
+            elif rows:
+                evicted.extend(
+                    self._run(
+                        "evict expired holders", functools.partial(self.dialect.evict, rows=rows, grace_ms=grace_ms)
+                    )
+                )
+            if progress is not None:
+                progress(len(evicted))
+            if len(holder_ids) < self.page_size:
+                return
+            after = holder_ids[-1]
 
     def drop_idle_nodes(self) -> int:
         """Delete node rows no grant holds (PostgreSQL keeps them between holds); return how many were looked at."""

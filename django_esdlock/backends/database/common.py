@@ -62,6 +62,9 @@ class Dialect:
 
     supports_notify: ClassVar[bool] = False
 
+    evicts_by_grant: ClassVar[bool] = False
+    """Whether the reaper pages through grants (:meth:`find_evictable`) rather than through nodes."""
+
     BEGIN: ClassVar[str]
     COMMIT: ClassVar[str] = "COMMIT"
     ROLLBACK: ClassVar[str] = "ROLLBACK"
@@ -106,6 +109,12 @@ class Dialect:
 
     def evict(self, cursor: Any, rows: list[Sequence[Any]], grace_ms: int) -> Work:
         """Remove the evictable holders among the page ``rows``; return their records."""
+        raise NotImplementedError
+
+    def find_evictable(
+        self, cursor: Any, namespace: str | None, grace_ms: int, after: str, limit: int
+    ) -> tuple[tuple[list[Sequence[Any]], list[str]], bool]:
+        """Return the records of the next ``limit`` evictable grants after holder id ``after``, and their ids."""
         raise NotImplementedError
 
     def drop_expired_markers(self, cursor: Any) -> Work:

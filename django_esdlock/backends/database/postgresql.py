@@ -203,14 +203,29 @@ WITH gone AS (
 )
 SELECT {RECORD_COLUMNS} FROM h JOIN esdlock_node n ON n.id = h.node_id ORDER BY {NODE_ORDER}, h.holder_id
 """
+    # The reaper's pages: the next evictable grants in holder id order (a
+    # namespace keeps grants with a node in it), as records node by node.
+    FIND_EVICTABLE = f"""
+WITH g AS (
+    SELECT * FROM esdlock_grant h
+    WHERE {_EVICTABLE} AND h.holder_id > %(after)s::text
+      AND (%(namespace)s::text IS NULL OR EXISTS (
+          SELECT 1 FROM jsonb_object_keys(h.nodes) AS k(id) JOIN esdlock_node x ON x.id = k.id
+          WHERE x.namespace = %(namespace)s::text))
+    ORDER BY h.holder_id LIMIT %(limit)s
+), h AS (
+    SELECT e.key AS node_id, g.holder_id, e.value AS mode, g.owner, g.owner_key, g.token, g.acquired_at,
+           g.expires_at, g.intent, g.checkpoint, g.recovery
+    FROM g CROSS JOIN LATERAL jsonb_each_text(g.nodes) AS e
+)
+SELECT {RECORD_COLUMNS} FROM h JOIN esdlock_node n ON n.id = h.node_id ORDER BY h.holder_id, {NODE_ORDER}
+"""
     # Idle node rows (no entry whose grant exists) go in two statements: lock
-    # a page of candidates, skipping rows an acquisition holds; then, with a
-    # snapshot taken after those locks, delete the ones still idle.
+    # a page of candidates (primary key order), skipping rows an acquisition
+    # holds; then, with a snapshot taken after those locks, delete the ones
+    # still idle.
     LOCK_IDLE_NODES = """
-SELECT n.id FROM esdlock_node n
-WHERE n.id COLLATE "C" > %(after)s::text COLLATE "C"
-ORDER BY n.id COLLATE "C" LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
+SELECT n.id FROM esdlock_node n WHERE n.id > %(after)s::text ORDER BY n.id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 """
     DELETE_IDLE_NODES = """
 DELETE FROM esdlock_node n
@@ -227,6 +242,7 @@ class PostgresDialect(Dialect):
     vendor = "postgresql"
     atomic_calls = True
     supports_notify = True
+    evicts_by_grant = True
     BEGIN = PostgresSQL.BEGIN
     PAGE = PostgresSQL.PAGE
     RECORDS = PostgresSQL.RECORDS
@@ -334,7 +350,15 @@ class PostgresDialect(Dialect):
         ids = [row[0] for row in cursor.fetchall()]
         if ids:
             cursor.execute(PostgresSQL.DELETE_IDLE_NODES, {"ids": ids})
-        return (len(ids), max(ids, key=lambda i: i.encode()) if ids else after), True
+        return (len(ids), ids[-1] if ids else after), True
+
+    def find_evictable(
+        self, cursor: Any, namespace: str | None, grace_ms: int, after: str, limit: int
+    ) -> tuple[tuple[list[Sequence[Any]], list[str]], bool]:
+        params = {"namespace": namespace, "grace_ms": grace_ms, "after": after, "limit": limit}
+        cursor.execute(PostgresSQL.FIND_EVICTABLE, params)
+        rows = cursor.fetchall()
+        return (rows, list(dict.fromkeys(row[4] for row in rows))), False
 
     @staticmethod
     def channel(wrapper: Any) -> str:
