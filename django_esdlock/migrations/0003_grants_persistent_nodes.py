@@ -50,6 +50,7 @@ DECLARE
     v_evicted text[];
     v_stale_markers boolean;
     v_has_expired boolean;
+    v_held_blocked boolean;
     v_count bigint;
 BEGIN
     -- Create the missing node rows and lock all of them, in one order.
@@ -72,11 +73,13 @@ BEGIN
                array_agg(j.node_id) FILTER (WHERE NOT j.reentered),
                array_agg(j.mode) FILTER (WHERE NOT j.reentered),
                coalesce(bool_or(j.stale_markers), false),
-               coalesce(bool_or(j.expired), false)
-        INTO v_refused, taken, v_modes, v_stale_markers, v_has_expired
+               coalesce(bool_or(j.expired), false),
+               coalesce(bool_or(j.held_blocked AND NOT j.reentered), false)
+        INTO v_refused, taken, v_modes, v_stale_markers, v_has_expired, v_held_blocked
         FROM (
             SELECT a.node_id, a.mode,
                    p_reentrant AND coalesce(h.reentered, false) AS reentered,
+                   coalesce(h.blocked, false) AS held_blocked,
                    coalesce(h.blocked, false) OR (coalesce(m.queued, false) AND NOT coalesce(h.inside, false)) AS blocked,
                    coalesce(m.stale, false) AS stale_markers,
                    coalesce(h.expired, false) AS expired
@@ -145,7 +148,6 @@ BEGIN
                    OR w.channel <> EXCLUDED.channel;
             GET DIAGNOSTICS v_count = ROW_COUNT;
             IF v_count > 0 THEN
-                PERFORM set_config('synchronous_commit', 'off', true);
                 SELECT array_agg(DISTINCT e.key) INTO v_blockers
                 FROM unnest(p_ids, p_conflicts) AS a(node_id, conflicts)
                 JOIN esdlock_node n ON n.id = a.node_id
@@ -153,14 +155,22 @@ BEGIN
                 JOIN esdlock_grant g ON g.holder_id = e.key
                 WHERE e.key <> p_holder_id AND e.value = ANY(string_to_array(a.conflicts, ','))
                   AND (g.expires_at > v_now OR g.intent IS NOT NULL);
-                IF v_blockers IS NOT NULL THEN
+                IF v_held_blocked THEN
+                    -- A grant that refused us and went before this lock may
+                    -- not have seen the marker: judge again rather than wait.
+                    IF v_blockers IS NULL THEN
+                        CONTINUE;
+                    END IF;
                     PERFORM 1 FROM esdlock_grant WHERE holder_id = ANY(v_blockers)
                     ORDER BY holder_id COLLATE "C" FOR KEY SHARE;
                     GET DIAGNOSTICS v_count = ROW_COUNT;
                     IF v_count < cardinality(v_blockers) THEN
-                        CONTINUE;  -- a grant that refused us went meanwhile: judge again
+                        CONTINUE;
                     END IF;
                 END IF;
+                -- Only markers and row locks to commit: no need to wait for the
+                -- WAL flush (set here, never before a grant in this call).
+                PERFORM set_config('synchronous_commit', 'off', true);
             END IF;
             RETURN;
         END IF;

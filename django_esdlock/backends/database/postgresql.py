@@ -204,21 +204,22 @@ WITH gone AS (
 SELECT {RECORD_COLUMNS} FROM h JOIN esdlock_node n ON n.id = h.node_id ORDER BY {NODE_ORDER}, h.holder_id
 """
     # The reaper's pages: the next evictable grants in holder id order (a
-    # namespace keeps grants with a node in it), as records node by node.
-    FIND_EVICTABLE = f"""
-WITH g AS (
-    SELECT * FROM esdlock_grant h
-    WHERE {_EVICTABLE} AND h.holder_id > %(after)s::text
-      AND (%(namespace)s::text IS NULL OR EXISTS (
-          SELECT 1 FROM jsonb_object_keys(h.nodes) AS k(id) JOIN esdlock_node x ON x.id = k.id
-          WHERE x.namespace = %(namespace)s::text))
-    ORDER BY h.holder_id LIMIT %(limit)s
-), h AS (
+    # walk of the primary key), then their records node by node, only those
+    # in the namespace asked for, if any.
+    EVICTABLE_PAGE = f"""
+SELECT h.holder_id FROM esdlock_grant h WHERE {_EVICTABLE} AND h.holder_id > %(after)s::text
+ORDER BY h.holder_id LIMIT %(limit)s
+"""
+    GRANT_RECORDS = f"""
+WITH h AS (
     SELECT e.key AS node_id, g.holder_id, e.value AS mode, g.owner, g.owner_key, g.token, g.acquired_at,
            g.expires_at, g.intent, g.checkpoint, g.recovery
-    FROM g CROSS JOIN LATERAL jsonb_each_text(g.nodes) AS e
+    FROM esdlock_grant g CROSS JOIN LATERAL jsonb_each_text(g.nodes) AS e
+    WHERE g.holder_id = ANY(%(holder_ids)s::text[])
 )
-SELECT {RECORD_COLUMNS} FROM h JOIN esdlock_node n ON n.id = h.node_id ORDER BY h.holder_id, {NODE_ORDER}
+SELECT {RECORD_COLUMNS} FROM h JOIN esdlock_node n ON n.id = h.node_id
+WHERE %(namespace)s::text IS NULL OR n.namespace = %(namespace)s::text
+ORDER BY h.holder_id, {NODE_ORDER}
 """
     # Idle node rows (no entry whose grant exists) go in two statements: lock
     # a page of candidates (primary key order), skipping rows an acquisition
@@ -355,10 +356,12 @@ class PostgresDialect(Dialect):
     def find_evictable(
         self, cursor: Any, namespace: str | None, grace_ms: int, after: str, limit: int
     ) -> tuple[tuple[list[Sequence[Any]], list[str]], bool]:
-        params = {"namespace": namespace, "grace_ms": grace_ms, "after": after, "limit": limit}
-        cursor.execute(PostgresSQL.FIND_EVICTABLE, params)
-        rows = cursor.fetchall()
-        return (rows, list(dict.fromkeys(row[4] for row in rows))), False
+        cursor.execute(PostgresSQL.EVICTABLE_PAGE, {"grace_ms": grace_ms, "after": after, "limit": limit})
+        holder_ids = [row[0] for row in cursor.fetchall()]
+        if not holder_ids:
+            return ([], []), False
+        cursor.execute(PostgresSQL.GRANT_RECORDS, {"holder_ids": holder_ids, "namespace": namespace})
+        return (cursor.fetchall(), holder_ids), False
 
     @staticmethod
     def channel(wrapper: Any) -> str:
