@@ -1,4 +1,4 @@
-"""The tables of the database lock backend: one row per locked node, one per holder of it, one per waiting marker."""
+"""The tables of the database lock backend: lock nodes, grants (PostgreSQL) or holders (SQLite), waiting markers."""
 
 from __future__ import annotations
 
@@ -8,14 +8,18 @@ from django.db import models
 # registers it whether or not the admin is installed, so migrations agree.
 from .held_lock import HeldLock
 
-__all__ = ["HeldLock", "LockHolder", "LockNode", "LockWaiter"]
+__all__ = ["HeldLock", "LockGrant", "LockHolder", "LockNode", "LockWaiter"]
 
 
 class LockNode(models.Model):
-    """A node that has (or is being given) holders; deleted when its last holder leaves.
+    """A lockable node. Acquisitions lock these rows, in the order of their ids, before they judge or write.
 
-    Acquisitions lock these rows, in the order of their ids, before they read
-    or write the node's holders: this row lock is what serializes requests.
+    This row lock is what serializes requests on a node. SQLite deletes the
+    row when its last holder leaves. PostgreSQL keeps it between holds (the
+    reaper deletes idle ones) and records in ``entries`` which grants hold
+    it: holder id → mode, written under the row lock, read by the next
+    acquisition; an entry whose grant is gone is dropped when the row is
+    next written.
     """
 
     id = models.CharField(primary_key=True, max_length=512, help_text="Node.id: kind, namespace and key, or a digest")
@@ -24,6 +28,9 @@ class LockNode(models.Model):
     key = models.TextField()
     parent = models.TextField(blank=True, default="")
     depth = models.PositiveIntegerField(default=0)
+    entries = models.JSONField(
+        null=True, blank=True, help_text="PostgreSQL: holder id → mode of the grants on this node"
+    )
 
     class Meta:
         db_table = "esdlock_node"
@@ -34,7 +41,7 @@ class LockNode(models.Model):
 
 
 class LockHolder(models.Model):
-    """One holder of one node: a mode, an owner, a lease and a fencing token."""
+    """SQLite: one holder of one node, a mode, an owner, a lease and a fencing token."""
 
     node = models.ForeignKey(LockNode, on_delete=models.CASCADE, related_name="holders", db_index=False)
     holder_id = models.CharField(max_length=64)
@@ -60,6 +67,32 @@ class LockHolder(models.Model):
         return f"{self.holder_id} {self.mode} on {self.node_id}"
 
 
+class LockGrant(models.Model):
+    """PostgreSQL: one holder (a grant) of all its nodes: their modes, the owner, lease, token, intent and checkpoint.
+
+    One row per grant, not per node, keeps a lock pair to one row written and
+    one deleted whatever the depth; the nodes' ``entries`` point back here.
+    """
+
+    holder_id = models.CharField(primary_key=True, max_length=64)
+    nodes = models.JSONField(help_text="Node id → mode, for every node this grant holds")
+    owner = models.JSONField()
+    owner_key = models.CharField(max_length=200)
+    token = models.BigIntegerField()
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    intent = models.JSONField(null=True, blank=True)
+    checkpoint = models.JSONField(null=True, blank=True)
+    recovery = models.JSONField(null=True, blank=True, help_text="Set once a reaper took the holder over")
+
+    class Meta:
+        db_table = "esdlock_grant"
+        verbose_name = "lock grant"
+
+    def __str__(self) -> str:
+        return f"{self.holder_id} on {len(self.nodes)} node(s)"
+
+
 class LockWaiter(models.Model):
     """A waiting marker: a request refused on a node queues later requests behind it (fair waiting).
 
@@ -76,6 +109,9 @@ class LockWaiter(models.Model):
     mode = models.CharField(max_length=2)
     ticket = models.BigIntegerField(help_text="Queue position: when the request started (ns)")
     expires_at = models.DateTimeField()
+    channel = models.CharField(
+        max_length=63, blank=True, default="", help_text="PostgreSQL: the channel its waiting session listens on"
+    )
 
     class Meta:
         db_table = "esdlock_waiter"

@@ -80,23 +80,39 @@ def clear_store(config: dict) -> None:
             connection.execute("DELETE FROM esdlock_waiter")
     else:
         with psycopg.connect(url, autocommit=True) as connection:
-            connection.execute("TRUNCATE esdlock_holder, esdlock_node, esdlock_waiter")
+            connection.execute("TRUNCATE esdlock_holder, esdlock_grant, esdlock_node, esdlock_waiter")
 
 
 def sqlite_path(config: dict) -> str:
     return url_of(config).removeprefix("sqlite:///")
 
 
+# PostgreSQL keeps node rows between holds and records holders as grants
+# named by the nodes' entries: a node is held while an entry's grant exists.
+_PG_HOLDER_RECORDS = """
+SELECT n.id FROM esdlock_node n CROSS JOIN LATERAL jsonb_object_keys(coalesce(n.entries, '{}'::jsonb)) AS e(holder_id)
+JOIN esdlock_grant g ON g.holder_id = e.holder_id
+"""
+
+
 def table_counts(config: dict, *, markers: bool = False) -> tuple[int, ...]:
-    """(nodes, holders), or with ``markers`` (nodes, holders, waiting markers), read without the backend."""
-    query = "SELECT (SELECT count(*) FROM esdlock_node), (SELECT count(*) FROM esdlock_holder)"
-    if markers:
-        query += ", (SELECT count(*) FROM esdlock_waiter)"
+    """(held nodes, holder records), with ``markers`` also waiting markers, read without the backend."""
     if url_of(config).startswith("sqlite"):
+        query = "SELECT (SELECT count(*) FROM esdlock_node), (SELECT count(*) FROM esdlock_holder)"
+        if markers:
+            query += ", (SELECT count(*) FROM esdlock_waiter)"
         with contextlib.closing(sqlite3.connect(sqlite_path(config), timeout=30)) as connection:
             return connection.execute(query).fetchone()
+    query = f"WITH r AS ({_PG_HOLDER_RECORDS}) SELECT (SELECT count(DISTINCT id) FROM r), (SELECT count(*) FROM r)"
+    if markers:
+        query += ", (SELECT count(*) FROM esdlock_waiter)"
     with psycopg.connect(url_of(config), autocommit=True) as connection:
         return connection.execute(query).fetchone()
+
+
+def holder_table(config: dict) -> str:
+    """The table whose rows carry holders' leases: one per node and holder (SQLite) or per grant (PostgreSQL)."""
+    return "esdlock_holder" if url_of(config).startswith("sqlite") else "esdlock_grant"
 
 
 class TcpProxy:
@@ -245,3 +261,14 @@ def overlap_worker(config: dict, keys: list[str], rounds: int, start, results) -
             errors.append(f"{type(e).__name__}: {e} (cause: {e.__cause__!r})")
     backend.close()
     results.put((done, errors))
+
+
+def blocked_acquirer(config: dict, path: str, ttl: float) -> None:
+    """Acquire X on ``path`` (whose row the test keeps locked) and wait for the answer, until killed."""
+    from tests.peer import setup_django
+
+    setup_django()
+    from django_esdlock import lock_tree
+
+    backend = load_backend(config)
+    lock_tree(path, ttl=ttl, timeout=0, backend=backend).acquire()

@@ -70,10 +70,12 @@ class ReaperContract:
             lock_tree("/a", timeout=0, backend=backend).acquire()
         with lock_tree("/a", timeout=5, backend=backend), lock_tree("/x/y", timeout=5, backend=backend):
             pass  # no reaper ran: the leases ran out and acquisition evicted them
-        # Acquisition evicts only on the nodes it touches; the dead records below stay, expired, till reaped.
+        # Acquisition evicts what it meets: the dead records below stay, expired, till reaped, unless
+        # the store keeps a holder as one record and evicts it whole (PostgreSQL's grants).
         left = all_holders(backend)
-        assert {h.node.key for h in left} == {"/a/b", "/a/b/c", "/a/b/c/d"} and all(h.expired for h in left)
-        assert reap(lock_config)["counts"]["evicted"] == 3
+        below = {"/a/b", "/a/b/c", "/a/b/c/d"}
+        assert {h.node.key for h in left} in (below, set()) and all(h.expired for h in left)
+        assert reap(lock_config)["counts"]["evicted"] == len(left)
         assert all_holders(backend) == []
 
     def test_local_pids_frees_a_killed_holder_at_once(self, lock_config, backend, peers):

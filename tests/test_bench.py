@@ -24,7 +24,10 @@ def expected_keys(store: str) -> set[str]:
         *(f"{store}.pair.d{d}.vs_{b}" for d in DEPTHS for b in baselines),
         *(f"{store}.requests.d{d}" for d in DEPTHS),
         f"{store}.wakeup.p50",
+        f"{store}.wakeup.p50_vs_idle",
         f"{store}.wakeup.p99",
+        f"{store}.global.pair.vs_{baselines[0]}",
+        f"{store}.global.contention",
         f"{store}.contention.pairs",
         f"{store}.contention.longest_wait",
         f"{store}.writer_wait",
@@ -121,3 +124,23 @@ def test_plot_draws_a_png(tmp_path):
     png = tmp_path / "chart.png"
     plot(Report(Options(depths=DEPTHS), figures, facts={"cpus": 2}), str(png))
     assert png.read_bytes().startswith(PNG_SIGNATURE)
+
+
+@pytest.mark.usefixtures("_lock_connections")
+def test_peers_are_measured_beside_ours_or_skipped_with_a_reason(monkeypatch):
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:9/0")  # nothing listens there: must be skipped, not fail
+    out = io.StringIO()
+    args = ["--backend", "postgres", "--quick", "--json", "--workers", "2", "--depth", "1", "--peers"]
+    call_command("lock_bench", *args, stdout=out, stderr=io.StringIO())
+    report = json.loads(out.getvalue())
+    assert report["errors"] == []
+    figures = {f["key"]: f for f in report["figures"]}
+    assert "not reachable" in figures["postgres.peer.redis_lock.skipped"]["note"]
+    try:
+        import tooz  # noqa: F401
+    except ImportError:
+        assert "not installed" in figures["postgres.peer.tooz_pg.skipped"]["note"]
+    else:
+        contention = figures["postgres.peer.tooz_pg.contention"]
+        assert contention["baseline"] > 0 and contention["goal"] is not None
+        assert figures["postgres.peer.tooz_pg.pair"]["baseline"] > 0

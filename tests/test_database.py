@@ -21,7 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import path
 
 from django_esdlock import LockBackendUnavailable, lock_documents, lock_tree
-from django_esdlock.backends.database import DatabaseLockBackend
+from django_esdlock.backends.database import DatabaseLockBackend, listener
 from django_esdlock.conf import get_backend, load_backend
 from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, Owner
@@ -30,8 +30,10 @@ from .contract import LockBackendContract, all_holders
 from .dbstores import (
     TcpProxy,
     alias_config,
+    blocked_acquirer,
     clear_store,
     db_config,
+    holder_table,
     overlap_worker,
     postgres_database,
     postgres_store,
@@ -164,7 +166,7 @@ def test_construction_opens_no_connection(pg_config, tmp_path):
     path = tmp_path / "locks.sqlite3"
     for options in ({"url": f"sqlite:///{path}?ttl=3"}, {"using": "postgres"}, {"using": "default"}):
         backend = DatabaseLockBackend(**options)
-        assert backend.describe() and len(backend._wrappers) == 0 and backend._listener is None
+        assert backend.describe() and len(backend._wrappers) == 0
     assert not path.exists()
     assert DatabaseLockBackend(url="postgres://u:secret@h/d").describe() == "PostgreSQL database 'd' on h"
 
@@ -243,10 +245,10 @@ def test_round_trips_do_not_grow_with_depth(store, backend_of, depth):
     statements = [q["sql"] for q in acquired.captured_queries]
     if backend.vendor == "sqlite":
         assert statements[0] == "BEGIN IMMEDIATE" and statements.count("BEGIN IMMEDIATE") == 1  # one transaction
-    else:  # a call of a server-side function each: acquire commits only once its answer arrived
-        assert counts[depth] == (2, 4, 1)  # renew: BEGIN, lock the node rows, renew, COMMIT
-        assert statements[0].lstrip().startswith("BEGIN;") and "esdlock_acquire(" in statements[0]
-        assert statements[1] == "COMMIT" and "esdlock_release(" in released.captured_queries[0]["sql"]
+    else:  # one autocommit call each: a server-side function, or (renew) one UPDATE of the grant row
+        assert counts[depth] == (1, 1, 1)
+        assert "esdlock_acquire(" in statements[0] and "BEGIN" not in statements[0]
+        assert "esdlock_release(" in released.captured_queries[0]["sql"]
 
 
 @pytest.mark.parametrize("alias", ["postgres", "default"])
@@ -330,12 +332,12 @@ def test_expiry_is_judged_by_the_database_clock(store, backend_of):
     backend = backend_of(store)
     grant = backend.acquire(_request("/clock", ttl=3600))
     # The client thinks the lease has an hour to run; the database says it ended.
-    _sql(store, "UPDATE esdlock_holder SET expires_at = %s", ["2000-01-01 00:00:00.000"])
+    _sql(store, f"UPDATE {holder_table(store)} SET expires_at = %s", ["2000-01-01 00:00:00.000"])
     assert backend.renew(grant) is False
     other = backend.acquire(_request("/clock", ttl=1))
     assert other is not None and other.token > grant.token
     # And the other way round: a lease the database extends blocks, whatever its TTL.
-    _sql(store, "UPDATE esdlock_holder SET expires_at = %s", ["2999-01-01 00:00:00.000"])
+    _sql(store, f"UPDATE {holder_table(store)} SET expires_at = %s", ["2999-01-01 00:00:00.000"])
     time.sleep(1.2)
     assert backend.acquire(_request("/clock")) is None
     [holder] = backend.node_holders(Node("default", Kind.TREE, "/clock"))
@@ -390,6 +392,24 @@ def test_only_the_owner_releases_or_renews_and_a_takeover_changes_the_owner(stor
     assert table_counts(store) == (0, 0)
 
 
+def _node_rows(config: dict) -> int:
+    with psycopg.connect(url_of(config), autocommit=True) as connection:
+        return connection.execute("SELECT count(*) FROM esdlock_node").fetchone()[0]
+
+
+def test_postgres_node_rows_stay_between_holds_until_the_reaper_finds_them_idle(pg_config, backend_of):
+    backend = backend_of(pg_config)
+    with lock_tree("/keep/me", backend=backend):
+        pass
+    assert table_counts(pg_config) == (0, 0) and _node_rows(pg_config) == 2  # released: rows stay, unheld
+    with lock_tree("/keep/me", backend=backend) as lock, lock_tree("/keep/other", backend=backend):
+        assert _node_rows(pg_config) == 3  # reused, not made again
+        backend.evict_expired()
+        assert _node_rows(pg_config) == 3  # held: not idle
+        assert [h.holder_id for h in backend.node_holders(Node("default", Kind.TREE, "/keep/me"))] == [lock.holder_id]
+    assert backend.evict_expired() == [] and _node_rows(pg_config) == 0
+
+
 def test_reentered_document_locks_write_nothing(store, backend_of):
     backend = backend_of(store)
     with lock_documents(["1", "2"], backend=backend) as outer:
@@ -435,7 +455,9 @@ def test_evict_expired_pages_through_the_table(store, backend_of):
     assert len(all_holders(backend)) == 8 + 3
     counts = []
     evicted = backend.evict_expired(namespace="ns", progress=counts.append)
-    assert counts == [3, 6, 8]  # one page of nodes at a time
+    # One page at a time (of nodes, or on PostgreSQL of grants of every namespace): at most 3 more each.
+    steps = [b - a for a, b in zip([0, *counts[:-1]], counts, strict=True)]
+    assert counts[-1] == 8 and len(counts) >= 3 and all(0 <= step <= 3 for step in steps)
     assert sorted((h.node.key, h.holder_id) for h in evicted) == sorted((h.node.key, h.holder_id) for h in would)
     left = {(h.node.namespace, h.node.key) for h in all_holders(backend)}
     assert left == {("kept", "/e/x"), ("ns", "/e/intent"), ("ns", "/e/live")}
@@ -537,6 +559,25 @@ def test_session_killed_mid_acquire_leaves_nothing_held(pg_config, backend_of):
     assert grant is not None and backend.release(grant)
 
 
+def _lease_bound(records, keys: set[str], ttl: float) -> bool:
+    """Whether ``records`` are nothing, or one holder on exactly ``keys`` whose lease is at most ``ttl``."""
+    if not records:
+        return True
+    return (
+        {r.node.key for r in records} == keys
+        and len({r.holder_id for r in records}) == 1
+        and all((r.expires_at - r.acquired_at).total_seconds() <= ttl for r in records)
+    )
+
+
+def _wait_for_other_sessions_to_end(url: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    with psycopg.connect(url, autocommit=True) as watcher:
+        while watcher.execute(others).fetchone()[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
 def test_database_gone_mid_acquire_then_back(pg_config, backend_of):
     url = url_of(pg_config)
     proxy = TcpProxy("127.0.0.1", int(psycopg.conninfo.conninfo_to_dict(url).get("port") or 5432))
@@ -545,7 +586,7 @@ def test_database_gone_mid_acquire_then_back(pg_config, backend_of):
         assert backend.acquire(_request("/warm")) is not None  # connected through the proxy
         blocker = _hold_row_lock(url, "tree:default:/cut/a/b")
         try:
-            thread, outcome = _acquire_in_thread(backend, _request("/cut", "/cut/a", "/cut/a/b"))
+            thread, outcome = _acquire_in_thread(backend, _request("/cut", "/cut/a", "/cut/a/b", ttl=1))
             _waiting_backend_pid(url)
             proxy.stop()
             thread.join(timeout=10)
@@ -555,20 +596,65 @@ def test_database_gone_mid_acquire_then_back(pg_config, backend_of):
         finally:
             blocker.rollback()
             blocker.close()
-        # The orphaned session finishes its statement, finds its client gone and rolls back.
-        deadline = time.monotonic() + 10
-        with psycopg.connect(url, autocommit=True) as watcher:
-            others = (
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            while watcher.execute(others).fetchone()[0] and time.monotonic() < deadline:
-                time.sleep(0.05)
-        assert {h.node.key for h in load_backend(pg_config).holders().holders} == {"/warm"}
+        # The orphaned session either notices its client gone and rolls back, or commits a grant
+        # nobody will use: its lease (1 s) ends it, and the next acquisition evicts it.
+        _wait_for_other_sessions_to_end(url)
+        records = [h for h in load_backend(pg_config).holders().holders if h.node.key != "/warm"]
+        assert _lease_bound(records, {"/cut", "/cut/a", "/cut/a/b"}, 1.0), records
         proxy.start()
-        grant = backend.acquire(_request("/cut", "/cut/a", "/cut/a/b"))
-        assert grant is not None and backend.release(grant)
+        with lock_tree("/cut/a/b", timeout=30, backend=backend) as lock:
+            assert all(lock.token > r.token for r in records)
     finally:
         proxy.stop()
+
+
+def test_a_lost_acquire_answer_gives_the_grant_back(pg_config, backend_of, monkeypatch):
+    """The call committed a grant, the answer never reached the caller: the holder id is released at once."""
+    backend = backend_of(pg_config)
+    call = backend.dialect.acquire
+
+    def answer_lost(cursor, **kwargs):
+        call(cursor, **kwargs)
+        raise KeyboardInterrupt  # e.g. interrupted while reading the answer
+
+    monkeypatch.setattr(backend.dialect, "acquire", answer_lost)
+    with pytest.raises(KeyboardInterrupt):
+        backend.acquire(_request("/lost/answer", "/lost/answer/here"))
+    assert table_counts(pg_config) == (0, 0)
+    monkeypatch.undo()
+    assert backend.acquire(_request("/lost/answer/here")) is not None
+
+
+def test_client_killed_before_the_answer_leaves_at_most_a_lease_bound_grant(pg_config, backend_of):
+    """Acquire is one autocommit call: a client killed after sending it may leave a grant; its lease ends it."""
+    url = url_of(pg_config)
+    backend = backend_of(pg_config)
+    outcomes = []
+    for round_ in range(6):
+        path = f"/killed/{round_}"
+        blocker = _hold_row_lock(url, f"tree:default:{path}")
+        try:
+            child = SPAWN.Process(target=blocked_acquirer, args=(pg_config, path, 1.0), daemon=True)
+            child.start()
+            _waiting_backend_pid(url, timeout=60)  # the call is sent, its answer not read
+            child.kill()
+            child.join(timeout=10)
+        finally:
+            # At once (before the server's 1 s client check) on even rounds: the call then
+            # finishes and commits; later on odd ones: the server notices the dead client first.
+            if round_ % 2:
+                time.sleep(1.5)
+            blocker.rollback()
+            blocker.close()
+        _wait_for_other_sessions_to_end(url)
+        records = backend.node_holders(Node("default", Kind.TREE, path))
+        assert _lease_bound(records, {path}, 1.0), records
+        outcomes.append(bool(records))
+        with lock_tree(path, timeout=30, backend=backend) as lock:  # evicts it once the lease ran out
+            assert all(lock.token > r.token for r in records)
+            assert [h.holder_id for h in backend.node_holders(Node("default", Kind.TREE, path))] == [lock.holder_id]
+    assert any(outcomes)  # the case that matters happened: a grant committed for a dead client
+    assert table_counts(pg_config) == (0, 0)
 
 
 def test_unreachable_store_raises_backend_unavailable(backend_of, tmp_path):
@@ -622,22 +708,27 @@ def test_forked_child_opens_its_own_connection(pg_config, backend_of):
     assert backend.release(grant) is True
 
 
-def test_release_wakes_a_waiter_through_notify(pg_config, backend_of):
+def _queued(*paths: str, mode: Mode = Mode.X) -> LockRequest:
+    return dataclasses.replace(_request(*paths, mode=mode), ticket=time.time_ns())
+
+
+def test_release_wakes_the_waiting_session_through_notify(pg_config, backend_of):
     backend = backend_of(pg_config)
     assert backend.supports_notify
     peer = Peer(pg_config)
     try:
         peer.acquire("held", scheme="tree", path="/wake/me")
         peer.acquire("elsewhere", scheme="tree", path="/unrelated")
-        nodes = [Node("default", Kind.TREE, "/wake/me")]
-        backend.wait_for_release(nodes, 1)  # starts the listener
-        assert backend.acquire(_request("/wake/me")) is None
+        request = _queued("/wake/me")
+        assert backend.acquire(request) is None  # leaves a marker naming this session's channel
+        backend.wait(request.targets, 1, attempt=0)  # a session's first wait starts listening and returns
+        assert listener.listening(backend.connection)
+        assert backend.acquire(request) is None
         peer.release("elsewhere")
-        assert backend.wait_for_release(nodes, 0.5) is False  # not one of ours: no wake-up
-        backend.acquire(_request("/wake/me"))
+        assert listener.wait(backend.connection, 0.5) is False  # nobody waits there: no notification at all
         threading.Timer(0.2, peer.release, args=("held",)).start()
-        assert backend.wait_for_release(nodes, 30) is True
-        assert backend.acquire(_request("/wake/me")) is not None
+        assert listener.wait(backend.connection, 30) is True
+        assert backend.acquire(request) is not None
     finally:
         peer.close()
 
@@ -650,29 +741,43 @@ def test_release_wakes_only_waiters_it_may_free(pg_config, backend_of):
         peer.acquire("held", scheme="tree", path="/t/leaf")
         peer.acquire("sibling", scheme="tree", path="/t/sibling")
         targets = lock_tree("/t/leaf", backend=backend).targets  # IX on /t, X on /t/leaf
-        request = LockRequest(uuid.uuid4().hex, Owner.current(), targets, ttl=30)
-        backend.wait_for_release([Node("default", Kind.TREE, "/t")], 1)  # starts the listener
+        request = LockRequest(uuid.uuid4().hex, Owner.current(), targets, ttl=30, ticket=time.time_ns())
+        assert backend.acquire(request) is None
+        backend.wait(targets, 1, attempt=0)  # starts listening
         assert backend.acquire(request) is None
         peer.release("sibling")  # IX on /t and X on /t/sibling: frees nothing this request waits for
-        started = time.monotonic()
-        backend.wait(targets, 0.5, attempt=30)
-        assert time.monotonic() - started >= 0.45
+        assert listener.wait(backend.connection, 0.5) is False
         assert backend.acquire(request) is None
         threading.Timer(0.2, peer.release, args=("held",)).start()
-        started = time.monotonic()
-        backend.wait(targets, 30, attempt=30)  # the fallback step alone would sleep 1 to 2 s
-        assert time.monotonic() - started < 0.9
+        assert listener.wait(backend.connection, 30) is True
         assert backend.acquire(request) is not None
     finally:
         peer.close()
 
 
+def test_release_wakes_the_head_of_the_queue_only(pg_config, backend_of):
+    """Of two writers queued on one node the release wakes the earlier; its release wakes the next."""
+    first, second = backend_of(pg_config), backend_of(pg_config)  # one session each
+    holder = backend_of(pg_config).acquire(_request("/q"))
+    early, late = _queued("/q"), _queued("/q")
+    for backend, request in ((first, early), (second, late)):
+        assert backend.acquire(request) is None
+        backend.wait(request.targets, 1, attempt=0)  # starts listening
+        assert backend.acquire(request) is None
+    assert first.release(holder)
+    assert listener.wait(first.connection, 30) is True
+    assert listener.wait(second.connection, 0.5) is False
+    grant = first.acquire(early)
+    assert grant is not None and second.acquire(late) is None
+    assert first.release(grant)
+    assert listener.wait(second.connection, 30) is True
+    assert second.acquire(late) is not None
+
+
 def test_sqlite_waits_by_backoff(sqlite_store_config, backend_of):
     backend = backend_of(sqlite_store_config)
     assert not backend.supports_notify
-    started = time.monotonic()
-    assert backend.wait_for_release([Node("default", Kind.TREE, "/x")], 0.2) is False
-    assert time.monotonic() - started >= 0.2
+    backend.wait([(Node("default", Kind.TREE, "/x"), Mode.X)], 0.2, attempt=0)
 
 
 # --- fair waiting ---------------------------------------------------------------

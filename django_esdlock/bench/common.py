@@ -145,7 +145,7 @@ class Figure:
 
 def _finite(value: float) -> float | None:
     """JSON has no NaN: a figure that could not be measured is null."""
-    return None if value is None or math.isnan(value) or math.isinf(value) else round(value, 6)
+    return None if value is None or math.isnan(value) or math.isinf(value) else float(f"{value:.6g}")
 
 
 def _json_ready(value: Any) -> Any:

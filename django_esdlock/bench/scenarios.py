@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import random
 import statistics
 import time
@@ -10,10 +12,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..exceptions import LockTimeout
-from ..locks import lock_tree
+from ..locks import global_lock, lock_tree
 from ..reaper import Reaper
-from .common import Figure, Goal, interleaved_rates, percentile, ratio_at_most, tree_path, value_at_most
+from .common import (
+    Figure,
+    Goal,
+    interleaved_rates,
+    percentile,
+    ratio_at_least,
+    ratio_at_most,
+    tree_path,
+    value_at_most,
+)
 from .kit import StoreKit
+from .peers import PeerSpec, peer_lock, unavailable
 from .workers import WorkerPool
 
 Say = Callable[[str], None]
@@ -107,12 +119,14 @@ def requests(kit: StoreKit, depths: Sequence[int], rounds: int, say: Say) -> lis
     ]
 
 
-def wakeup(kit: StoreKit, pool: WorkerPool, rounds: int, say: Say) -> list[Figure]:
+def wakeup(kit: StoreKit, pool: WorkerPool, rounds: int, idle_floor: float | None, say: Say) -> list[Figure]:
     """Release in this process → grant in a blocked waiter process, p50 and p99, against one uncontended pair.
 
     The latency runs from just before this process's ``release()`` to the
     return of the waiter's ``acquire()``, so its floor is one release plus
-    one acquire: an uncontended pair.
+    one acquire: an uncontended pair. The p50 is also held against
+    ``idle_floor``, the time an idle process of this machine takes to see a
+    message at all (every wake-up pays it).
     """
     say(f"{kit.name}: wake-up latency, {rounds} rounds")
     pair = _lock_pair(WAKE_PATH, kit.backend)
@@ -137,9 +151,25 @@ def wakeup(kit: StoreKit, pool: WorkerPool, rounds: int, say: Say) -> list[Figur
     finally:
         conn.send("stop")
     pool.results([conn])
-    goal = value_at_most(0.005, "≤ 5 ms") if kit.name == "postgres" else None
+    postgres = kit.name == "postgres"
+    goal = value_at_most(0.005, "≤ 5 ms") if postgres else None
     common = {"backend": kit.name, "unit": "s", "baseline_label": "one uncontended pair", "baseline": floor}
+    against_idle = []
+    if idle_floor:
+        against_idle.append(
+            Figure(
+                key=f"{kit.name}.wakeup.p50_vs_idle",
+                backend=kit.name,
+                label="wake-up after release, p50",
+                value=percentile(latencies, 0.5),
+                unit="s",
+                baseline_label="an idle process sees a message",
+                baseline=idle_floor,
+                goal=ratio_at_most(3.0) if postgres else None,
+            )
+        )
     return [
+        *against_idle,
         Figure(
             key=f"{kit.name}.wakeup.p50",
             label="wake-up after release, p50",
@@ -183,6 +213,7 @@ def contention(kit: StoreKit, pool: WorkerPool, workers: int, seconds: float, sa
             unit="/s",
             baseline_label="1 process, same subtree",
             baseline=solo_rate,
+            goal=ratio_at_least(1.0) if kit.name == "postgres" else None,
         ),
         Figure(
             key=f"{kit.name}.contention.longest_wait",
@@ -192,6 +223,7 @@ def contention(kit: StoreKit, pool: WorkerPool, workers: int, seconds: float, sa
             unit="s",
             baseline_label=f"fair turn ({workers} / pairs/s)",
             baseline=workers / rate if rate else float("nan"),
+            goal=ratio_at_most(2.0) if kit.name == "postgres" else None,
             extra={"p50_wait": percentile(waits, 0.5), "p99_wait": percentile(waits, 0.99), "waits": len(waits)},
         ),
     ]
@@ -286,3 +318,106 @@ def reaping(kit: StoreKit, count: int, say: Say) -> list[Figure]:
             extra={"evicted": evicted},
         )
     ]
+
+
+def _rate(results: list[dict[str, Any]]) -> float:
+    began = min(r["began"] for r in results)
+    return sum(r["pairs"] for r in results) / (results[0]["stop_at"] - began)
+
+
+def global_locks(
+    kit: StoreKit, pool: WorkerPool, workers: int, seconds: float, peers: Sequence[PeerSpec], say: Say
+) -> list[Figure]:
+    """``global_lock()`` pairs/s: one process against the store's cheapest durable pair, and ``workers``
+    processes contending for it against one process alone and against each peer lock in the same run.
+    """
+    say(f"{kit.name}: global_lock, 1 and {workers} processes")
+    postgres = kit.name == "postgres"
+    row = kit.baselines(1)[0]
+
+    def ours() -> None:
+        with global_lock("bench-pair", backend=kit.backend):
+            pass
+
+    rates = interleaved_rates({"lock": ours, row.key: row.run}, seconds)
+    figures = [
+        Figure(
+            key=f"{kit.name}.global.pair.vs_{row.key}",
+            backend=kit.name,
+            label="global_lock pairs/s, 1 process",
+            value=rates["lock"].per_second,
+            unit="/s",
+            baseline_label=row.label,
+            baseline=rates[row.key].per_second,
+            goal=ratio_at_least(0.9) if postgres else None,
+        )
+    ]
+    contended: dict[int, float] = {}
+    waits: list[float] = []
+    for count in (1, workers):
+        results = pool.run_together("contend_global", kit.config, count, seconds)
+        contended[count] = _rate(results)
+        waits = [w for r in results for w in r["waits"]]
+    figures.append(
+        Figure(
+            key=f"{kit.name}.global.contention",
+            backend=kit.name,
+            label=f"{workers} processes on one global_lock, pairs/s",
+            value=contended[workers],
+            unit="/s",
+            baseline_label="1 process alone",
+            baseline=contended[1],
+            goal=ratio_at_least(0.5) if postgres else None,
+            extra={"longest_wait": max(waits, default=math.nan), "p50_wait": percentile(waits, 0.5)},
+        )
+    )
+    for peer in peers:
+        reason = unavailable(peer)
+        if reason is not None:
+            say(f"peer {peer.label}: skipped, {reason}")
+            figures.append(_skipped(kit, peer, reason))
+            continue
+        say(f"peer {peer.label}: 1 and {workers} processes")
+        with peer_lock(peer) as (acquire, release):
+
+            def peer_pair(acquire: Any = acquire, release: Any = release) -> None:
+                acquire()
+                release()
+
+            solo = interleaved_rates({"lock": ours, "peer": peer_pair}, seconds)
+        results = pool.run_together("contend_peer", kit.config, workers, seconds, peer=dataclasses.asdict(peer))
+        figures += [
+            Figure(
+                key=f"{kit.name}.peer.{peer.key}.pair",
+                backend=kit.name,
+                label="global_lock pairs/s, 1 process",
+                value=solo["lock"].per_second,
+                unit="/s",
+                baseline_label=f"{peer.label}, 1 process",
+                baseline=solo["peer"].per_second,
+            ),
+            Figure(
+                key=f"{kit.name}.peer.{peer.key}.contention",
+                backend=kit.name,
+                label=f"{workers} processes on one global_lock, pairs/s",
+                value=contended[workers],
+                unit="/s",
+                baseline_label=f"{peer.label}, {workers} processes",
+                baseline=_rate(results),
+                goal=ratio_at_least(1.0) if postgres and peer.key == "tooz_pg" else None,
+            ),
+        ]
+    return figures
+
+
+def _skipped(kit: StoreKit, peer: PeerSpec, reason: str) -> Figure:
+    return Figure(
+        key=f"{kit.name}.peer.{peer.key}.skipped",
+        backend=kit.name,
+        label=f"peer {peer.label}",
+        value=math.nan,
+        unit="/s",
+        baseline_label="skipped",
+        baseline=math.nan,
+        note=f"skipped: {reason}",
+    )

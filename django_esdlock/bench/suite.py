@@ -17,6 +17,7 @@ from . import scenarios
 from .admin import changelist
 from .common import Figure
 from .kit import StoreKit
+from .peers import redis_lock, tooz_postgres
 from .stores import elasticsearch_store, postgres_store
 from .workers import WorkerPool
 
@@ -37,6 +38,8 @@ class Options:
     admin_count: int = 100_000
     es_url: str | None = None
     database_url: str | None = None
+    peers: bool = False
+    """Also measure the peer locks of ``bench.peers`` (PostgreSQL runs only)."""
 
     @property
     def churners(self) -> int:
@@ -85,12 +88,18 @@ def _kit(store: str, options: Options) -> Iterator[StoreKit]:
                 kit.close()
 
 
-def _stages(kit: StoreKit, pool: WorkerPool, o: Options, say: Callable[[str], None]) -> dict[str, Callable[[], Any]]:
+def _stages(
+    kit: StoreKit, pool: WorkerPool, o: Options, facts: dict[str, Any], say: Callable[[str], None]
+) -> dict[str, Callable[[], Any]]:
+    peers = []
+    if o.peers and kit.name == "postgres":
+        peers = [tooz_postgres(kit.config["OPTIONS"]["url"]), redis_lock()]
     return {
         "pairs": lambda: scenarios.pairs(kit, o.depths, o.seconds, say),
         "requests": lambda: scenarios.requests(kit, o.depths, o.request_rounds, say),
-        "wakeup": lambda: scenarios.wakeup(kit, pool, o.wake_rounds, say),
+        "wakeup": lambda: scenarios.wakeup(kit, pool, o.wake_rounds, facts.get("wake_floor"), say),
         "contention": lambda: scenarios.contention(kit, pool, o.workers, o.seconds, say),
+        "global": lambda: scenarios.global_locks(kit, pool, o.workers, o.seconds, peers, say),
         "writer_wait": lambda: scenarios.writer_wait(kit, pool, o.churners, o.seconds, say),
         "reap": lambda: scenarios.reaping(kit, o.reap_count, say),
         "admin": lambda: changelist(kit, o.admin_count, say),
@@ -116,7 +125,7 @@ def run(options: Options, say: Callable[[str], None] = lambda message: None) -> 
                 with _kit(store, options) as kit:
                     report.facts[store] = kit.facts()
                     try:
-                        for stage, measure in _stages(kit, pool, options, say).items():
+                        for stage, measure in _stages(kit, pool, options, report.facts, say).items():
                             try:
                                 report.figures += measure()
                             except Exception as e:  # noqa: BLE001 - one broken figure must not hide the others

@@ -57,6 +57,52 @@ def contend(backend: Any, conn: Connection, *, paths: list[str], namespace: str,
     return {"pairs": pairs, "waits": waits, "began": began}
 
 
+def _hammer(acquire: Callable[[], Any], release: Callable[[], Any], stop_at: float) -> dict[str, Any]:
+    """Acquire (blocking) and release one lock as fast as possible until ``stop_at``; pairs and waits."""
+    began = time.monotonic()
+    pairs, waits = 0, []
+    while (started := time.monotonic()) < stop_at:
+        acquire()
+        waits.append(time.monotonic() - started)
+        release()
+        if time.monotonic() <= stop_at:
+            pairs += 1
+    return {"pairs": pairs, "waits": waits, "began": began}
+
+
+def contend_global(backend: Any, conn: Connection) -> dict[str, Any]:
+    """Take ``global_lock()`` and give it back, as fast as possible, from "go" till the ``stop_at`` it brings.
+
+    Says "ready" once connected (one pair taken), so that every worker of a
+    figure starts at once and none counts its connection setup.
+    """
+    from ..locks import global_lock
+
+    held: list[Any] = []
+
+    def acquire() -> None:
+        held.append(global_lock("bench", backend=backend).acquire())
+
+    def release() -> None:
+        held.pop().release()
+
+    acquire()
+    release()
+    conn.send("ready")
+    return _hammer(acquire, release, conn.recv())
+
+
+def contend_peer(backend: Any, conn: Connection, *, peer: dict[str, str]) -> dict[str, Any]:
+    """The same as :func:`contend_global` with a peer's lock (``peers.PeerSpec`` fields)."""
+    from .peers import PeerSpec, peer_lock
+
+    with peer_lock(PeerSpec(**peer)) as (acquire, release):
+        acquire()
+        release()
+        conn.send("ready")
+        return _hammer(acquire, release, conn.recv())
+
+
 def churn(backend: Any, conn: Connection, *, paths: list[str], namespace: str, hold: float) -> dict[str, Any]:
     """Take X on random ``paths``, hold each ``hold`` seconds, until told "stop"; report the holds.
 
@@ -97,7 +143,13 @@ def wake(backend: Any, conn: Connection, *, path: str, namespace: str) -> int:
     return rounds
 
 
-TASKS: dict[str, Callable[..., Any]] = {"contend": contend, "churn": churn, "wake": wake}
+TASKS: dict[str, Callable[..., Any]] = {
+    "contend": contend,
+    "contend_global": contend_global,
+    "contend_peer": contend_peer,
+    "churn": churn,
+    "wake": wake,
+}
 
 
 def _serve(settings_module: str, conn: Connection) -> None:
@@ -221,6 +273,17 @@ class WorkerPool:
             self._busy.discard(id(conn))
             values.append(message[1])
         return values
+
+    def run_together(self, task: str, config: dict[str, Any], count: int, seconds: float, **kwargs: Any) -> list[Any]:
+        """Run ``task`` on ``count`` workers that say "ready", then start them together for ``seconds``."""
+        conns = self.start(task, config, count, **kwargs)
+        for conn in conns:
+            if self.receive(conn) != "ready":
+                raise WorkerError(f"a {task} worker did not get ready")
+        stop_at = time.monotonic() + seconds
+        for conn in conns:
+            conn.send(stop_at)
+        return [{**result, "stop_at": stop_at} for result in self.results(conns)]
 
     def run(self, task: str, config: dict[str, Any], count: int, **kwargs: Any) -> list[Any]:
         """Run ``task`` on ``count`` workers at once and return their results."""

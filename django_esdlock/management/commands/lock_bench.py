@@ -53,6 +53,12 @@ class Command(BaseCommand):
             "--depth", type=_depths, default=(1, 4, 16), metavar="D,D,...", help="Tree depths (default 1,4,16)."
         )
         parser.add_argument("--quick", action="store_true", help="A few seconds in all, for CI; figures mean little.")
+        parser.add_argument(
+            "--peers",
+            action="store_true",
+            help="Also measure the locks users would otherwise pick (tooz's PostgreSQL driver, python-redis-lock "
+            "on 127.0.0.1:6379 or REDIS_URL; pip install 'django-esdlock[bench]'); skipped with a line when missing.",
+        )
         parser.add_argument("--json", action="store_true", help="Print the figures as JSON instead of a table.")
         parser.add_argument("--plot", metavar="PNG", help="Also draw the figures into this PNG (needs matplotlib).")
         parser.add_argument("--es-url", help="Elasticsearch URL (default ELASTICSEARCH_URL, else a local noida-db).")
@@ -77,6 +83,7 @@ class Command(BaseCommand):
             depths=options["depth"],
             es_url=options["es_url"],
             database_url=options["database_url"],
+            peers=options["peers"],
             **sizes,
         )
         verbose = options["verbosity"] >= 1

@@ -1,0 +1,672 @@
+"""The database lock backend: locks as rows of SQL tables taken with SELECT ... FOR UPDATE, the JDBC way.
+
+This module is the part every database shares: connections of the backend's
+own (one per thread, never the caller's, so lock state commits on its own
+and is not rolled back with the caller's work), failure translation, schema
+setup, waiting and the listing and reaping loops. What to send and how to
+read the answer is the dialect's: ``postgresql`` (the production target:
+acquire and release one autocommit call each, waiters woken by
+``LISTEN/NOTIFY`` through ``listener``) and ``sqlite`` (the zero-setup
+embedded default, with the limits its module lists).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import threading
+import urllib.parse
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import environ
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import Error as DjangoDatabaseError
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.utils import ConnectionDoesNotExist, ConnectionHandler, load_backend
+
+from ...exceptions import LockBackendUnavailable
+from ...modes import Mode
+from ...records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner
+from ..base import BaseLockBackend, backoff_delay, takeover_request
+from . import listener
+from .common import Dialect, decode_cursor, encode_cursor, json_text, record, takeover_params
+from .postgresql import SETUP_LOCK_KEY, PostgresDialect
+from .sqlite import SQLiteDialect
+
+logger = logging.getLogger("django_esdlock")
+
+T = TypeVar("T")
+
+APP_LABEL = "django_esdlock"
+URL_ALIAS = "django_esdlock"
+"""The alias the lock connection of a ``url`` configuration goes by (logs, routers, migrations)."""
+
+NOTIFY_QUEUED_POLL_CAP = 0.5
+"""Longest sleep of a queued waiter that listens (see ``BaseLockBackend.queued_poll_cap``)."""
+
+NOTIFY_FALLBACK_INITIAL = 0.25
+NOTIFY_FALLBACK_CAP = 2.0
+"""Longest wait between attempts while listening: a lease that runs out sends no notification."""
+
+_SUPPORTED_VENDORS = ("postgresql", "sqlite")
+
+# What a forked child inherited: never used, never closed (closing would end
+# the parent's sessions), kept from the garbage collector for the same reason.
+_inherited: list[Any] = []
+
+
+class _ThreadConnection:
+    """The lock connection of one thread, closed when the thread ends and drops its locals."""
+
+    def __init__(self, wrapper: BaseDatabaseWrapper) -> None:
+        self.wrapper = wrapper
+        self.pid = os.getpid()
+
+    def __del__(self) -> None:
+        if self.pid == os.getpid():  # a forked child must not end its parent's session
+            with contextlib.suppress(Exception):
+                self.wrapper.close()
+
+
+class DatabaseLockBackend(BaseLockBackend):
+    """Locks in the tables of a SQL database (``esdlock_*``, made by ``migrate`` or on first use).
+
+    OPTIONS: exactly one of ``using`` (a ``DATABASES`` alias) or ``url`` (a
+    ``postgres://`` or ``sqlite:///`` URL, as django-environ reads it).
+    PostgreSQL and SQLite are supported. Lock state lives on connections of
+    the backend's own, one per thread, in autocommit (with short explicit
+    transactions where the dialect needs them): never on the caller's
+    connection or in its transaction.
+    """
+
+    def __init__(self, *, ttl: float = 30.0, using: str | None = None, url: str | None = None, **options: Any) -> None:
+        super().__init__(ttl=ttl)
+        if options:
+            raise ImproperlyConfigured(
+                f"DatabaseLockBackend got unknown OPTIONS {', '.join(sorted(options))}; use 'using' or 'url'"
+            )
+        if (using is None) == (url is None):
+            raise ImproperlyConfigured("DatabaseLockBackend needs exactly one of OPTIONS 'using' (an alias) or 'url'")
+        self.using = using
+        self.url = url
+        self._url_settings: dict[str, Any] | None = None
+        if url is not None:
+            try:
+                config = environ.Env.db_url_config(_without_ttl(url))
+            except Exception as e:
+                raise ImproperlyConfigured(f"DatabaseLockBackend OPTIONS['url'] is not a database URL: {e}") from e
+            # A private handler fills in Django's defaults, as for DATABASES.
+            self._url_settings = ConnectionHandler({DEFAULT_DB_ALIAS: {}, URL_ALIAS: config}).settings[URL_ALIAS]
+        elif using not in connections.settings:
+            raise ImproperlyConfigured(f"DatabaseLockBackend OPTIONS['using'] names no database: {using!r}")
+        settings_dict = self._base_settings()
+        try:
+            wrapper_class = load_backend(settings_dict["ENGINE"]).DatabaseWrapper
+        except (ImproperlyConfigured, ImportError) as e:  # some Django versions let a driver's ImportError out
+            raise ImproperlyConfigured(
+                f"DatabaseLockBackend cannot load database engine {settings_dict['ENGINE']!r}: {e}"
+            ) from e
+        self.vendor: str = wrapper_class.vendor
+        if self.vendor not in _SUPPORTED_VENDORS:
+            raise ImproperlyConfigured(
+                f"DatabaseLockBackend supports PostgreSQL and SQLite, not {wrapper_class.display_name} "
+                f"({settings_dict['ENGINE']})"
+            )
+        if self.vendor == "sqlite" and str(settings_dict["NAME"]) in ("", ":memory:"):
+            raise ImproperlyConfigured("DatabaseLockBackend needs a SQLite database file, not an in-memory database")
+        self.dialect: Dialect = PostgresDialect() if self.vendor == "postgresql" else SQLiteDialect()
+        self.supports_notify = self.dialect.supports_notify and _psycopg3()
+        if self.supports_notify:  # a release wakes waiters; polling only catches leases that ran out
+            self.queued_poll_cap = NOTIFY_QUEUED_POLL_CAP
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        # Weak: a thread's connection goes with the thread (see _ThreadConnection).
+        self._wrappers: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()
+        self._pid = os.getpid()
+        self._schema_ready = False
+
+    def describe(self) -> str:
+        s = self._base_settings()
+        if self.vendor == "sqlite":
+            where = f"SQLite {s['NAME']}"
+        else:
+            host = s["HOST"] or "local socket"
+            where = f"PostgreSQL database {s['NAME']!r} on {host}{':' + str(s['PORT']) if s['PORT'] else ''}"
+        return where if self.using is None else f"{where} (alias {self.using!r})"
+
+    # --- connections -----------------------------------------------------------
+
+    def _base_settings(self) -> dict[str, Any]:
+        if self._url_settings is not None:
+            return self._url_settings
+        # Read at each new connection: test runners rename databases at run time.
+        return connections.settings[self.using]
+
+    def _new_wrapper(self) -> BaseDatabaseWrapper:
+        base = self._base_settings()
+        options = {k: v for k, v in base["OPTIONS"].items() if k != "pool"}  # one long-lived connection per thread
+        options = self.dialect.connection_options(options)
+        settings_dict = {**base, "OPTIONS": options, "AUTOCOMMIT": True, "ATOMIC_REQUESTS": False}
+        wrapper = load_backend(settings_dict["ENGINE"]).DatabaseWrapper(settings_dict, self.using or URL_ALIAS)
+        wrapper.inc_thread_sharing()  # close() may come from another thread
+        return wrapper
+
+    @property
+    def connection(self) -> BaseDatabaseWrapper:
+        """The lock connection of the calling thread: never the caller's own ``connections[alias]``.
+
+        Opened on first query, closed when the thread ends or by :meth:`close`.
+        A forked child leaves what it inherited alone and opens its own.
+        """
+        self._forget_inherited()
+        held = getattr(self._local, "connection", None)
+        if held is None:
+            held = self._local.connection = _ThreadConnection(self._new_wrapper())
+            with self._lock:
+                self._wrappers.add(held.wrapper)
+        return held.wrapper
+
+    def _forget_inherited(self) -> None:
+        if self._pid != os.getpid():
+            with self._lock:
+                # Kept, never closed: closing would end the parent's sessions.
+                _inherited.extend([self._local, *self._wrappers])
+                self._wrappers = weakref.WeakSet()
+                self._local = threading.local()
+                self._pid = os.getpid()
+
+    def close(self) -> None:
+        with self._lock:
+            wrappers, self._wrappers = list(self._wrappers), weakref.WeakSet()
+            self._local = threading.local()
+            ours = self._pid == os.getpid()
+        if ours:
+            for wrapper in wrappers:
+                with contextlib.suppress(Exception):
+                    wrapper.close()
+
+    def _prepare(self, wrapper: BaseDatabaseWrapper) -> None:
+        """Open the connection if needed and set up a new one for lock work."""
+        if wrapper.connection is not None and getattr(wrapper, "_esdlock_prepared", None) is wrapper.connection:
+            return
+        wrapper.ensure_connection()
+        with wrapper.cursor() as cursor:
+            self.dialect.prepare(wrapper, cursor)
+        wrapper._esdlock_prepared = wrapper.connection  # type: ignore[attr-defined]
+
+    def _discard(self, wrapper: BaseDatabaseWrapper) -> None:
+        """Close a connection left in an unknown state; the next use opens a new one."""
+        with contextlib.suppress(Exception):
+            wrapper.close()
+        wrapper.connection = None
+
+    def _is_missing_schema(self, error: BaseException) -> bool:
+        cause: BaseException | None = error
+        while cause is not None:  # ours, then Django's, then the driver's
+            if self.dialect.is_missing_schema(cause):
+                return True
+            cause = cause.__cause__
+        return False
+
+    @contextlib.contextmanager
+    def _translate(self, action: str) -> Iterator[None]:
+        """Turn driver and connection failures into LockBackendUnavailable: the one place that does."""
+        try:
+            yield
+        except LockBackendUnavailable:
+            raise
+        except (DjangoDatabaseError, *_driver_errors(self.vendor)) as e:
+            raise LockBackendUnavailable(f"{self.describe()} failed to {action}: {e}") from e
+
+    def _run(self, action: str, work: Callable[[Any], tuple[T, bool]], *, transaction: bool = True) -> T:
+        """Run ``work(cursor)`` on this thread's lock connection; commit if it returns ``(value, True)``.
+
+        With ``transaction`` the work runs between BEGIN and COMMIT/ROLLBACK;
+        any failure rolls back (the server does, if the connection died).
+        Without, each statement is its own transaction (autocommit). If the
+        lock tables do not exist yet they are created and the work is run
+        once more.
+        """
+        wrapper = self.connection
+        for first_try in (True, False):
+            try:
+                with self._translate(action):
+                    return self._run_once(wrapper, work, transaction)
+            except LockBackendUnavailable as e:
+                if first_try and not self._schema_ready and self._is_missing_schema(e):
+                    logger.info("creating the lock tables in %s", self.describe())
+                    self.setup()
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    def _run_once(self, wrapper: BaseDatabaseWrapper, work: Callable[[Any], tuple[T, bool]], transaction: bool) -> T:
+        try:
+            self._prepare(wrapper)
+            with wrapper.cursor() as cursor:
+                if not transaction:
+                    return work(cursor)[0]
+                cursor.execute(self.dialect.BEGIN, [])
+                try:
+                    value, commit = work(cursor)
+                except BaseException:
+                    with contextlib.suppress(Exception):  # the first error is the one to report
+                        cursor.execute(self.dialect.ROLLBACK, [])
+                    raise
+                cursor.execute(self.dialect.COMMIT if commit else self.dialect.ROLLBACK, [])
+                return value
+        except BaseException:
+            # Whether the rollback failed, the connection broke or the thread
+            # was interrupted mid-transaction: never reuse this connection.
+            self._discard(wrapper)
+            raise
+
+    # --- schema ---------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Apply django_esdlock's migrations to the lock database unless they are applied."""
+        from django.db.migrations.executor import MigrationExecutor
+
+        wrapper = self.connection
+        with self._translate("create the lock tables"), _as_django_connection(wrapper):
+            self._prepare(wrapper)
+            with self._setup_guard(wrapper):
+                for last_try in (False, True):
+                    executor = MigrationExecutor(wrapper)
+                    targets = executor.loader.graph.leaf_nodes(APP_LABEL)
+                    if not targets:
+                        raise ImproperlyConfigured(f"'{APP_LABEL}' must be in INSTALLED_APPS to create its tables")
+                    plan = executor.migration_plan(targets)
+                    if not plan:
+                        break
+                    try:
+                        executor.migrate(targets, plan=plan)
+                        break
+                    except DjangoDatabaseError:
+                        # SQLite: another process created them meanwhile; look again.
+                        if last_try or self.vendor != "sqlite":
+                            raise
+        self._schema_ready = True
+
+    @contextlib.contextmanager
+    def _setup_guard(self, wrapper: BaseDatabaseWrapper) -> Iterator[None]:
+        if not isinstance(self.dialect, PostgresDialect):
+            yield
+            return
+        with wrapper.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s)", [SETUP_LOCK_KEY])
+        try:
+            yield
+        finally:
+            with wrapper.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [SETUP_LOCK_KEY])
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Report an unreachable lock database, when the check runs for databases.
+
+        Like Django's own database checks, this connects only when the
+        command asks for database checks (``check --database``, ``migrate``):
+        other commands must work without the database.
+        """
+        databases = kwargs.get("databases")
+        if not databases or (self.using is not None and self.using not in databases):
+            return []
+
+        def reach(cursor: Any) -> tuple[None, bool]:
+            cursor.execute(self.dialect.CHECK, [])
+            return None, False
+
+        try:
+            self._run("reach the database", reach, transaction=False)
+        except LockBackendUnavailable as e:
+            return [
+                checks.Error(
+                    str(e),
+                    hint="Start the database or fix LOCK_BACKEND['OPTIONS'].",
+                    id="django_esdlock.E002",
+                )
+            ]
+        return []
+
+    # --- the primitive ------------------------------------------------------
+
+    def acquire(self, request: LockRequest) -> Grant | None:
+        nodes = sorted(dict(request.targets), key=lambda node: node.id)
+        work = functools.partial(self.dialect.acquire, request=request, nodes=nodes, marker_ttl_ms=self.marker_ttl_ms)
+        try:
+            return self._run("acquire", work, transaction=not self.dialect.atomic_calls)
+        except BaseException:
+            if self.dialect.atomic_calls:
+                # The call may have committed a grant whose answer never
+                # arrived: give it back, best-effort (its lease ends it else).
+                with contextlib.suppress(Exception):
+                    self._release(request.holder_id, request.owner.key, [(node, None) for node in nodes])
+            raise
+
+    def release(self, grant: Grant) -> bool:
+        asked = dict(grant.request.targets)
+        released = [(node, asked[node]) for node in grant.taken]
+        return self._release(grant.request.holder_id, grant.request.owner.key, released)
+
+    def force_release(self, holder_id: str, nodes: Sequence[Node]) -> bool:
+        return self._release(holder_id, None, [(node, None) for node in nodes])
+
+    def _release(self, holder_id: str, owner_key: str | None, released: Sequence[tuple[Node, Mode | None]]) -> bool:
+        """Remove ``holder_id`` (of ``owner_key``, or anyone's) from the nodes; True if it was on all."""
+        if not released:
+            return True
+        work = functools.partial(self.dialect.release, holder_id=holder_id, owner_key=owner_key, released=released)
+        return self._run("release", work, transaction=not self.dialect.atomic_calls)
+
+    def withdraw(self, request: LockRequest) -> None:
+        self._run(
+            "withdraw waiting markers",
+            functools.partial(self.dialect.withdraw, request=request),
+            transaction=not self.dialect.atomic_calls,
+        )
+
+    def renew(
+        self,
+        grant: Grant,
+        *,
+        checkpoint: dict[str, Any] | None = None,
+        recovery: dict[str, Any] | None = None,
+    ) -> bool:
+        if not grant.taken:
+            return True
+        work = functools.partial(
+            self.dialect.renew, grant=grant, checkpoint=json_text(checkpoint), recovery=json_text(recovery)
+        )
+        return self._run("renew", work, transaction=not self.dialect.atomic_calls)
+
+    def take_over(
+        self,
+        records: Sequence[HolderRecord],
+        owner: Owner,
+        *,
+        ttl: float,
+        recovery: dict[str, Any],
+        require_expired: bool = True,
+    ) -> Grant | None:
+        records, arbiter, request = takeover_request(records, owner, ttl)
+        ids = [r.node.id for r in records]
+        params = takeover_params(arbiter, owner, json_text(recovery), request.ttl_ms, require_expired)
+        outcome = self._run(
+            "take a holder over",
+            functools.partial(self.dialect.take_over, ids=ids, params=params),
+            transaction=not self.dialect.atomic_calls,
+        )
+        if outcome is None:
+            return None
+        token, taken = outcome
+        return Grant(request=request, token=token, taken=tuple(r.node for r in records if r.node.id in taken))
+
+    # --- waiting ---------------------------------------------------------------
+
+    def wait(self, targets: Sequence[tuple[Node, Mode]], timeout: float, attempt: int) -> None:
+        """Block until a release that may free this thread's request is announced, a backoff step, or ``timeout``.
+
+        On PostgreSQL this thread's own lock session listens (see
+        ``listener``): a release notifies the sessions of the waiters it may
+        free, and the thread reads its socket. The first wait of a session
+        only starts listening and returns at once (the caller tries again).
+        The backoff step, longer with a listener, is the fallback for leases
+        and markers that run out. Elsewhere this sleeps the backoff step.
+        """
+        if not self.supports_notify:
+            super().wait(targets, timeout, attempt)
+            return
+        wrapper = self.connection
+        try:
+            with self._translate("wait for a release"):
+                if not listener.listening(wrapper):
+                    self._run(
+                        "listen for releases",
+                        lambda cursor: (listener.listen(wrapper, cursor), False),
+                        transaction=False,
+                    )
+                    return
+                step = backoff_delay(attempt, initial=NOTIFY_FALLBACK_INITIAL, cap=NOTIFY_FALLBACK_CAP)
+                listener.wait(wrapper, min(timeout, step))
+        except LockBackendUnavailable as e:
+            logger.info("waiting without notifications: %s", e)
+            self._discard(wrapper)
+            super().wait(targets, timeout, attempt)
+
+    # --- inspection and maintenance ---------------------------------------------
+
+    def holders(
+        self,
+        *,
+        namespace: str | None = None,
+        path_prefix: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        mode: Mode | None = None,
+        host: str | None = None,
+        expired: bool | None = None,
+        parent: str | None = None,
+    ) -> HolderPage:
+        nodes, holders, params = [], [], {}
+        if namespace is not None:
+            nodes.append("namespace")
+            params["namespace"] = namespace
+        if path_prefix:
+            nodes.append("path_prefix")
+            params.update(path_prefix=path_prefix, prefix_length=len(path_prefix))
+        if parent is not None:
+            nodes.append("parent" if parent else "top_level")
+            params["parent"] = parent
+        if mode is not None:
+            holders.append("mode")
+            params["mode"] = Mode(mode).value
+        if host is not None:
+            holders.append("host")
+            params["host"] = host
+        if expired is not None:
+            holders.append("expired" if expired else "live")
+        after = decode_cursor(cursor) if cursor else None
+        rows = self._run(
+            "list holders",
+            lambda db_cursor: (self._page(db_cursor, nodes, holders, params, after, limit), False),
+            transaction=False,
+        )
+        return HolderPage([record(row) for row in rows], _next_cursor(rows, limit))
+
+    def node_holders(self, node: Node) -> list[HolderRecord]:
+        return self._records("read a lock node", ["node"], ["node_id"], {"node_id": node.id})
+
+    def holder_records(self, holder_id: str) -> list[HolderRecord]:
+        return self._records("look a holder up", ["holder"], ["holder_id"], {"holder_id": holder_id})
+
+    def expired_with_intent(self, *, namespace: str | None = None, grace: float = 0.0) -> list[HolderRecord]:
+        nodes, params = ([], {}) if namespace is None else (["namespace"], {"namespace": namespace})
+        params["grace_ms"] = max(0, round(grace * 1000))
+        return self._records(
+            "find holders awaiting recovery", [*nodes, "awaiting_recovery"], ["awaiting_recovery"], params
+        )
+
+    def evict_expired(
+        self,
+        *,
+        namespace: str | None = None,
+        grace: float = 0.0,
+        dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[HolderRecord]:
+        grace_ms = max(0, round(grace * 1000))
+        nodes, params = (
+            (["evictable"], {}) if namespace is None else (["namespace", "evictable"], {"namespace": namespace})
+        )
+        params["grace_ms"] = grace_ms
+        if not dry_run:
+            self._run("drop expired waiting markers", self.dialect.drop_expired_markers, transaction=False)
+        evicted: list[HolderRecord] = []
+        if self.dialect.evicts_by_grant:
+            self._evict_by_grant(namespace, grace_ms, dry_run, progress, evicted)
+        after: tuple[str, str, str] | None = None
+        while not self.dialect.evicts_by_grant:
+            rows = self._run(
+                "find expired holders",
+                functools.partial(self._page_work, nodes=nodes, holders=["evictable"], params=params, after=after),
+                transaction=False,
+            )
+            if dry_run:
+                evicted.extend(record(row) for row in rows)
+            elif rows:
+                evict = functools.partial(self.dialect.evict, rows=rows, grace_ms=grace_ms)
+                evicted.extend(self._run("evict expired holders", evict))
+            if progress is not None:
+                progress(len(evicted))
+            if _next_cursor(rows, self.page_size) is None:
+                break
+            after = (rows[-1][0], rows[-1][1], rows[-1][2])
+        if not dry_run:
+            self.drop_idle_nodes()
+        return evicted
+
+    def _evict_by_grant(
+        self,
+        namespace: str | None,
+        grace_ms: int,
+        dry_run: bool,
+        progress: Callable[[int], None] | None,
+        evicted: list[HolderRecord],
+    ) -> None:
+        """Evict page by page of :attr:`page_size` grants (whole holders), in holder id order."""
+        after = ""
+        while True:
+            find = functools.partial(
+                self.dialect.find_evictable, namespace=namespace, grace_ms=grace_ms, after=after, limit=self.page_size
+            )
+            rows, holder_ids = self._run("find expired holders", find, transaction=False)
+            if dry_run:
+                evicted.extend(record(row) for row in rows)
+            elif rows:
+                evicted.extend(
+                    self._run(
+                        "evict expired holders", functools.partial(self.dialect.evict, rows=rows, grace_ms=grace_ms)
+                    )
+                )
+            if progress is not None:
+                progress(len(evicted))
+            if len(holder_ids) < self.page_size:
+                return
+            after = holder_ids[-1]
+
+    def drop_idle_nodes(self) -> int:
+        """Delete node rows no grant holds (PostgreSQL keeps them between holds); return how many were looked at."""
+        after, seen = "", 0
+        while True:
+            work = functools.partial(self.dialect.drop_idle_nodes, after=after, limit=self.page_size)
+            count, after = self._run("drop idle lock nodes", work)
+            seen += count
+            if count < self.page_size:
+                return seen
+
+    def _page_work(self, cursor: Any, **kwargs: Any) -> tuple[list[Any], bool]:
+        return self._page(cursor, limit=self.page_size, **kwargs), False
+
+    def _page(
+        self,
+        cursor: Any,
+        nodes: list[str],
+        holders: list[str],
+        params: dict[str, Any],
+        after: tuple[str, str, str] | None,
+        limit: int,
+    ) -> list[Any]:
+        """Read the holders matching ``holders`` of the next ``limit`` nodes matching ``nodes``, after ``after``."""
+        node_where = [self.dialect.NODE_FILTERS[name] for name in nodes]
+        params = {**params, "limit": limit}
+        if after is not None:
+            node_where.append(self.dialect.AFTER)
+            params["after_namespace"], params["after_kind"], params["after_key"] = after
+        cursor.execute(
+            self._with_filters(self.dialect.PAGE, node_where, holders), self.dialect.with_clock(cursor, params)
+        )
+        return cursor.fetchall()
+
+    def _records(self, action: str, nodes: list[str], holders: list[str], params: dict[str, Any]) -> list[HolderRecord]:
+        query = self._with_filters(self.dialect.RECORDS, [self.dialect.NODE_FILTERS[name] for name in nodes], holders)
+
+        def work(cursor: Any) -> tuple[list[Any], bool]:
+            cursor.execute(query, self.dialect.with_clock(cursor, params))
+            return cursor.fetchall(), False
+
+        return [record(row) for row in self._run(action, work, transaction=False)]
+
+    def _with_filters(self, query: str, node_where: list[str], holders: list[str]) -> str:
+        holder_where = [self.dialect.HOLDER_FILTERS[name] for name in holders]
+        return query.replace("{nodes}", " AND ".join(node_where) or "1 = 1").replace(
+            "{holders}", " AND ".join(holder_where) or "1 = 1"
+        )
+
+
+def _next_cursor(rows: Sequence[Sequence[Any]], limit: int) -> str | None:
+    """The cursor after a page of rows, if the page was full (``limit`` nodes)."""
+    if len({row[3] for row in rows}) < limit:
+        return None
+    return encode_cursor(rows[-1][:3])
+
+
+@contextlib.contextmanager
+def _as_django_connection(wrapper: BaseDatabaseWrapper) -> Iterator[None]:
+    """Make ``wrapper`` this thread's ``connections[wrapper.alias]`` for a while.
+
+    Migrations manage transactions through ``connections[alias]``; they must
+    run on the lock connection, not on the caller's (which may be inside an
+    ``atomic()`` block that could roll the tables back).
+    """
+    alias = wrapper.alias
+    try:
+        previous = connections[alias]
+    except ConnectionDoesNotExist:
+        previous = None
+    connections[alias] = wrapper
+    try:
+        yield
+    finally:
+        if previous is None:
+            del connections[alias]
+        else:
+            connections[alias] = previous
+
+
+def _without_ttl(url: str) -> str:
+    """Drop the ``ttl`` of a ``LOCK_BACKEND`` URL: it is the lease, not a driver option."""
+    base, _, query = url.partition("?")
+    kept = [(k, v) for k, v in urllib.parse.parse_qsl(query, keep_blank_values=True) if k != "ttl"]
+    return base + ("?" + urllib.parse.urlencode(kept) if kept else "")
+
+
+def _psycopg3() -> bool:
+    """Whether the PostgreSQL driver is psycopg 3.2+, whose ``notifies()`` takes a timeout."""
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    version = tuple(int(part) for part in psycopg.__version__.split(".")[:2] if part.isdigit())
+    return version >= (3, 2)
+
+
+def _driver_errors(vendor: str) -> tuple[type[BaseException], ...]:
+    """The driver's own error classes, for the few calls Django does not wrap."""
+    if vendor == "sqlite":
+        import sqlite3
+
+        return (sqlite3.Error,)
+    try:
+        import psycopg
+
+        return (psycopg.Error,)
+    except ImportError:  # pragma: no cover - psycopg2
+        import psycopg2
+
+        return (psycopg2.Error,)

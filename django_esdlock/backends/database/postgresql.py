@@ -1,0 +1,369 @@
+"""PostgreSQL dialect of the database lock backend: the production target.
+
+Layout (migration 0003): node rows that stay between holds, each naming in
+``entries`` the grants that hold it; one ``esdlock_grant`` row per grant (its
+nodes and modes, owner, lease, token, intent, checkpoint); waiting markers
+in ``esdlock_waiter``. Acquire and release are one autocommit call each of a
+server-side function (``esdlock_acquire``, ``esdlock_release``; their source
+and the rules they keep are in ``migrations/0003_grants_persistent_nodes.py``),
+so a lock pair is two round trips and two commits whatever the depth, and
+writes the taken node rows plus one grant row to acquire and deletes that one
+row to release.
+
+Rules every statement here keeps besides those of the functions:
+
+- values come only as parameters, never formatted into the text; a statement
+  is a constant, or is assembled from constant fragments (listing filters);
+- expiry is judged by the database's clock (``statement_timestamp()``);
+- a statement that changes a grant re-checks on the row it changes what it
+  read (owner, lease), so a concurrent renewal, release or takeover is never
+  overwritten by a decision taken on an older version of the row;
+- node rows are locked in bytewise id order, grant rows in bytewise holder id
+  order, node rows before grant rows (the reaper, which locks grants first,
+  skips node rows that are locked): no two transactions wait on each other
+  in a cycle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ... import modes
+from ...modes import Mode
+from ...records import Grant, HolderRecord, LockRequest, Node
+from .common import Dialect, node_row, page_query, record, records_query
+
+TOKEN_SEQUENCE = "esdlock_token_seq"
+"""The sequence fencing tokens come from."""
+
+SETUP_LOCK_KEY = 0x65_73_64_6C_6F_63_6B
+"""Advisory lock key that serializes concurrent ``setup()`` calls ("esdlock")."""
+
+CHANNEL_PREFIX = "esdlock_"
+"""A waiting session listens on ``esdlock_<its backend pid>``; its markers name that channel."""
+
+CLIENT_CHECK_SINCE = 140000
+
+# Which held modes conflict with each mode: passed to esdlock_release, which
+# decides whom a release may free; modes.py stays the only copy of the matrix.
+CONFLICTS = json.dumps({mode.value: sorted(m.value for m in modes.conflicting(mode)) for mode in Mode})
+
+_MS = "%(ttl_ms)s::float8 * interval '1 millisecond'"
+
+# The holders of node `n`: one row per entry whose grant still exists.
+_HOLDERS_OF_N = """(
+    SELECT n.id AS node_id, e.key AS holder_id, e.value AS mode, g.owner, g.owner_key, g.token, g.acquired_at,
+           g.expires_at, g.intent, g.checkpoint, g.recovery
+    FROM jsonb_each_text(coalesce(n.entries, '{}'::jsonb)) AS e JOIN esdlock_grant g ON g.holder_id = e.key
+) h"""
+
+_EVICTABLE = (
+    "h.intent IS NULL AND h.expires_at <= statement_timestamp() - %(grace_ms)s::float8 * interval '1 millisecond'"
+)
+_AWAITING = (
+    "h.intent IS NOT NULL AND h.expires_at <= statement_timestamp() - %(grace_ms)s::float8 * interval '1 millisecond'"
+)
+
+
+class PostgresSQL:
+    """Statements for PostgreSQL (psycopg), run in autocommit or at READ COMMITTED on the lock connection."""
+
+    BEGIN = "BEGIN"
+
+    # A frozen client must not keep node rows locked for ever, nor make
+    # acquirers queue behind it without end: both fail after a while instead.
+    SESSION = """
+SELECT set_config('lock_timeout', '10s', false), set_config('idle_in_transaction_session_timeout', '30s', false)
+"""
+    # A session whose client has gone while it waits for node rows stops
+    # waiting (PostgreSQL 14+ notices within a second) instead of queueing
+    # for rows it would take for nobody.
+    SESSION_CLIENT_CHECK = "SELECT set_config('client_connection_check_interval', '1s', false)"
+
+    # One autocommit call: the grant is committed when the answer is sent. A
+    # client that loses the answer releases the holder id best-effort; one
+    # that dies leaves a grant its lease ends, like any dead holder.
+    ACQUIRE = """
+SELECT token, taken FROM esdlock_acquire(
+    %(ids)s::text[], %(namespaces)s::text[], %(kinds)s::text[], %(keys)s::text[], %(parents)s::text[],
+    %(depths)s::int[], %(modes)s::text[], %(conflicts)s::text[], %(holder_id)s::text, %(owner)s::jsonb,
+    %(owner_key)s::text, %(ttl_ms)s::float8, %(intent)s::jsonb, %(reentrant)s::boolean, %(ticket)s::bigint,
+    %(marker_ttl_ms)s::float8)
+"""
+    RELEASE = "SELECT esdlock_release(%(holder_id)s::text, %(owner_key)s::text, %(conflicts)s::jsonb)"
+
+    # A request that gave up takes its markers away and wakes the waiters
+    # queued behind them on those nodes (they may go first now).
+    WITHDRAW = """
+WITH gone AS (
+    DELETE FROM esdlock_waiter WHERE node_id = ANY(%(ids)s::text[]) AND holder_id = %(holder_id)s::text
+    RETURNING node_id
+)
+SELECT pg_notify(c.channel, '') FROM (
+    SELECT DISTINCT w.channel FROM esdlock_waiter w
+    WHERE w.node_id IN (SELECT node_id FROM gone) AND w.holder_id <> %(holder_id)s::text
+      AND w.channel <> '' AND w.expires_at > statement_timestamp()
+) c
+"""
+    DROP_EXPIRED_MARKERS = "DELETE FROM esdlock_waiter WHERE expires_at <= statement_timestamp()"
+
+    LISTEN = "LISTEN {channel}"  # an identifier: formatted from the backend pid, never from user data
+
+    # Extend the lease of a live grant of this owner from the database's now;
+    # an expired lease is never revived, a taken-over grant is not ours. The
+    # one row is the whole holder, whatever the number of its nodes.
+    RENEW = f"""
+UPDATE esdlock_grant
+SET expires_at = statement_timestamp() + {_MS}, token = %(token)s,
+    checkpoint = COALESCE(%(checkpoint)s::jsonb, checkpoint), recovery = COALESCE(%(recovery)s::jsonb, recovery)
+WHERE holder_id = %(holder_id)s::text AND owner_key = %(owner_key)s::text AND expires_at > statement_timestamp()
+"""
+
+    # Hand a grant to a new owner with a new token and lease, if it still has
+    # the owner it was read with (and, when required, has expired): of
+    # reapers racing for it, the first to update the row wins and the others
+    # find the owner changed (the condition is re-checked on the row they
+    # waited for). Intent and checkpoint stay. Returns the token and nodes.
+    TAKE_OVER = f"""
+UPDATE esdlock_grant g
+SET owner = %(owner)s::jsonb, owner_key = %(owner_key)s::text, token = nextval('{TOKEN_SEQUENCE}'),
+    recovery = %(recovery)s::jsonb, expires_at = statement_timestamp() + {_MS}
+WHERE g.holder_id = %(holder_id)s::text
+  AND (%(expected_owner_key)s::text IS NULL OR g.owner_key = %(expected_owner_key)s::text)
+  AND (g.expires_at <= statement_timestamp() OR NOT %(require_expired)s::boolean)
+RETURNING g.token, ARRAY(SELECT jsonb_object_keys(g.nodes))
+"""
+
+    # What a HolderRecord is made of, from holder `h` and node `n`.
+    RECORD_COLUMNS = """
+n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner::text, h.token,
+(extract(epoch FROM h.acquired_at) * 1000)::bigint, (extract(epoch FROM h.expires_at) * 1000)::bigint,
+h.intent::text, h.checkpoint::text, h.recovery::text
+"""
+    # Nodes ordered bytewise by namespace, kind and key, as Elasticsearch sorts keywords.
+    NODE_ORDER = 'n.namespace COLLATE "C", n.kind COLLATE "C", n.key COLLATE "C"'
+    PAGE = page_query(
+        RECORD_COLUMNS,
+        NODE_ORDER,
+        'h.holder_id COLLATE "C"',
+        node_columns="n.id, n.namespace, n.kind, n.key, n.entries",
+        holders_join=f"CROSS JOIN LATERAL {_HOLDERS_OF_N}",
+        holders_of_n=f"{_HOLDERS_OF_N} WHERE",
+    )
+    AFTER = (
+        '(n.namespace COLLATE "C", n.kind COLLATE "C", n.key COLLATE "C")'
+        " > (%(after_namespace)s::text, %(after_kind)s::text, %(after_key)s::text)"
+    )
+    # Grants are found from their own table when a filter names them, not by
+    # reading every node row's entries.
+    _NODES_OF_GRANTS = "n.id IN (SELECT jsonb_object_keys(h.nodes) FROM esdlock_grant h WHERE {})"
+    NODE_FILTERS = {
+        "namespace": "n.namespace = %(namespace)s::text",
+        "path_prefix": "left(n.key, %(prefix_length)s::int) = %(path_prefix)s::text",
+        "top_level": "n.kind = 'tree' AND n.depth = 1",
+        "parent": "n.kind = 'tree' AND n.parent = %(parent)s::text",
+        "node": "n.id = %(node_id)s::text",
+        "holder": _NODES_OF_GRANTS.format("h.holder_id = %(holder_id)s::text"),
+        "evictable": _NODES_OF_GRANTS.format(_EVICTABLE),
+        "awaiting_recovery": _NODES_OF_GRANTS.format(_AWAITING),
+    }
+    HOLDER_FILTERS = {
+        "mode": "h.mode = %(mode)s::text",
+        "host": "h.owner->>'host' = %(host)s::text",
+        "expired": "h.expires_at <= statement_timestamp()",
+        "live": "h.expires_at > statement_timestamp()",
+        "holder_id": "h.holder_id = %(holder_id)s::text",
+        "node_id": "h.node_id = %(node_id)s::text",
+        "evictable": _EVICTABLE,
+        "awaiting_recovery": _AWAITING,
+    }
+    # Every matching holder at once (one holder's, one node's, the few awaiting recovery).
+    RECORDS = records_query(
+        RECORD_COLUMNS, NODE_ORDER, 'h.holder_id COLLATE "C"', holders_join=f"CROSS JOIN LATERAL {_HOLDERS_OF_N}"
+    )
+
+    # The reaper: lock the evictable grants among these holder ids (in holder
+    # id order), then delete those still evictable on the row and return
+    # their records, node by node.
+    LOCK_GRANTS = """
+SELECT holder_id FROM esdlock_grant WHERE holder_id = ANY(%(holder_ids)s::text[])
+ORDER BY holder_id COLLATE "C" FOR UPDATE
+"""
+    EVICT = f"""
+WITH gone AS (
+    DELETE FROM esdlock_grant h
+    WHERE h.holder_id = ANY(%(holder_ids)s::text[]) AND {_EVICTABLE}
+    RETURNING h.*
+), h AS (
+    SELECT e.key AS node_id, g.holder_id, e.value AS mode, g.owner, g.owner_key, g.token, g.acquired_at,
+           g.expires_at, g.intent, g.checkpoint, g.recovery
+    FROM gone g CROSS JOIN LATERAL jsonb_each_text(g.nodes) AS e
+)
+SELECT {RECORD_COLUMNS} FROM h JOIN esdlock_node n ON n.id = h.node_id ORDER BY {NODE_ORDER}, h.holder_id
+"""
+    # The reaper's pages: the next evictable grants in holder id order (a
+    # walk of the primary key), then their records node by node, only those
+    # in the namespace asked for, if any.
+    EVICTABLE_PAGE = f"""
+SELECT h.holder_id FROM esdlock_grant h WHERE {_EVICTABLE} AND h.holder_id > %(after)s::text
+ORDER BY h.holder_id LIMIT %(limit)s
+"""
+    GRANT_RECORDS = f"""
+WITH h AS (
+    SELECT e.key AS node_id, g.holder_id, e.value AS mode, g.owner, g.owner_key, g.token, g.acquired_at,
+           g.expires_at, g.intent, g.checkpoint, g.recovery
+    FROM esdlock_grant g CROSS JOIN LATERAL jsonb_each_text(g.nodes) AS e
+    WHERE g.holder_id = ANY(%(holder_ids)s::text[])
+)
+SELECT {RECORD_COLUMNS} FROM h JOIN esdlock_node n ON n.id = h.node_id
+WHERE %(namespace)s::text IS NULL OR n.namespace = %(namespace)s::text
+ORDER BY h.holder_id, {NODE_ORDER}
+"""
+    # Idle node rows (no entry whose grant exists) go in two statements: lock
+    # a page of candidates (primary key order), skipping rows an acquisition
+    # holds; then, with a snapshot taken after those locks, delete the ones
+    # still idle.
+    LOCK_IDLE_NODES = """
+SELECT n.id FROM esdlock_node n WHERE n.id > %(after)s::text ORDER BY n.id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+"""
+    DELETE_IDLE_NODES = """
+DELETE FROM esdlock_node n
+WHERE n.id = ANY(%(ids)s::text[]) AND NOT EXISTS (
+    SELECT 1 FROM jsonb_object_keys(coalesce(n.entries, '{}'::jsonb)) AS e(holder_id)
+    JOIN esdlock_grant g ON g.holder_id = e.holder_id
+)
+"""
+
+
+class PostgresDialect(Dialect):
+    """PostgreSQL: acquire, release, renew and takeover are one autocommit statement each."""
+
+    vendor = "postgresql"
+    atomic_calls = True
+    supports_notify = True
+    evicts_by_grant = True
+    BEGIN = PostgresSQL.BEGIN
+    PAGE = PostgresSQL.PAGE
+    RECORDS = PostgresSQL.RECORDS
+    AFTER = PostgresSQL.AFTER
+    NODE_FILTERS = PostgresSQL.NODE_FILTERS
+    HOLDER_FILTERS = PostgresSQL.HOLDER_FILTERS
+
+    def connection_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        # psycopg 3 binds parameters on the server and prepares a statement
+        # run five times: the constant acquire and release calls are then
+        # planned once per session, and their arrays sent without being
+        # spelled out as SQL text.
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:  # pragma: no cover - psycopg2
+            return options
+        return {"server_side_binding": True, **options}
+
+    def prepare(self, wrapper: Any, cursor: Any) -> None:
+        cursor.execute(PostgresSQL.SESSION, [])
+        if wrapper.pg_version >= CLIENT_CHECK_SINCE:
+            cursor.execute(PostgresSQL.SESSION_CLIENT_CHECK, [])
+
+    def is_missing_schema(self, error: BaseException) -> bool:
+        return getattr(error, "sqlstate", None) in ("42P01", "42883", "42703")  # no such table, function, column
+
+    def acquire(
+        self, cursor: Any, request: LockRequest, nodes: list[Node], marker_ttl_ms: int
+    ) -> tuple[Grant | None, bool]:
+        ids, namespaces, kinds, keys, parents, depths = (
+            list(column) for column in zip(*map(node_row, nodes), strict=True)
+        )
+        asked = dict(request.targets)
+        cursor.execute(
+            PostgresSQL.ACQUIRE,
+            {
+                "ids": ids,
+                "namespaces": namespaces,
+                "kinds": kinds,
+                "keys": keys,
+                "parents": parents,
+                "depths": depths,
+                "modes": [asked[node].value for node in nodes],
+                "conflicts": [",".join(sorted(m.value for m in modes.conflicting(asked[node]))) for node in nodes],
+                "holder_id": request.holder_id,
+                "owner": json.dumps(request.owner.as_dict(), separators=(",", ":")),
+                "owner_key": request.owner.key,
+                "ttl_ms": request.ttl_ms,
+                "intent": None if request.intent is None else json.dumps(request.intent, separators=(",", ":")),
+                "reentrant": request.reentrant,
+                "ticket": request.ticket,
+                "marker_ttl_ms": marker_ttl_ms,
+            },
+        )
+        token, taken = cursor.fetchone()
+        if taken is None:
+            return None, False
+        taken_ids = set(taken)
+        return Grant(request=request, token=token, taken=tuple(node for node in nodes if node.id in taken_ids)), False
+
+    def release(
+        self, cursor: Any, holder_id: str, owner_key: str | None, released: Sequence[tuple[Node, Mode | None]]
+    ) -> tuple[bool, bool]:
+        cursor.execute(PostgresSQL.RELEASE, {"holder_id": holder_id, "owner_key": owner_key, "conflicts": CONFLICTS})
+        return bool(cursor.fetchone()[0]), False
+
+    def withdraw(self, cursor: Any, request: LockRequest) -> tuple[None, bool]:
+        ids = sorted({node.id for node, _ in request.targets})
+        cursor.execute(PostgresSQL.WITHDRAW, {"ids": ids, "holder_id": request.holder_id})
+        return None, False
+
+    def renew(self, cursor: Any, grant: Grant, checkpoint: str | None, recovery: str | None) -> tuple[bool, bool]:
+        params = {
+            "holder_id": grant.request.holder_id,
+            "owner_key": grant.request.owner.key,
+            "ttl_ms": grant.request.ttl_ms,
+            "token": grant.token,
+            "checkpoint": checkpoint,
+            "recovery": recovery,
+        }
+        cursor.execute(PostgresSQL.RENEW, params)
+        return cursor.rowcount == 1, False
+
+    def take_over(
+        self, cursor: Any, ids: list[str], params: dict[str, Any]
+    ) -> tuple[tuple[int, set[str]] | None, bool]:
+        cursor.execute(PostgresSQL.TAKE_OVER, params)
+        row = cursor.fetchone()
+        if row is None:
+            return None, False
+        return (row[0], set(row[1]) & set(ids)), False
+
+    def evict(self, cursor: Any, rows: list[Sequence[Any]], grace_ms: int) -> tuple[list[HolderRecord], bool]:
+        holder_ids = sorted({row[4] for row in rows})
+        cursor.execute(PostgresSQL.LOCK_GRANTS, {"holder_ids": holder_ids})
+        cursor.execute(PostgresSQL.EVICT, {"holder_ids": holder_ids, "grace_ms": grace_ms})
+        return [record(row) for row in cursor.fetchall()], True
+
+    def drop_expired_markers(self, cursor: Any) -> tuple[None, bool]:
+        cursor.execute(PostgresSQL.DROP_EXPIRED_MARKERS, {})
+        return None, False
+
+    def drop_idle_nodes(self, cursor: Any, after: str, limit: int) -> tuple[tuple[int, str], bool]:
+        cursor.execute(PostgresSQL.LOCK_IDLE_NODES, {"after": after, "limit": limit})
+        ids = [row[0] for row in cursor.fetchall()]
+        if ids:
+            cursor.execute(PostgresSQL.DELETE_IDLE_NODES, {"ids": ids})
+        return (len(ids), ids[-1] if ids else after), True
+
+    def find_evictable(
+        self, cursor: Any, namespace: str | None, grace_ms: int, after: str, limit: int
+    ) -> tuple[tuple[list[Sequence[Any]], list[str]], bool]:
+        cursor.execute(PostgresSQL.EVICTABLE_PAGE, {"grace_ms": grace_ms, "after": after, "limit": limit})
+        holder_ids = [row[0] for row in cursor.fetchall()]
+        if not holder_ids:
+            return ([], []), False
+        cursor.execute(PostgresSQL.GRANT_RECORDS, {"holder_ids": holder_ids, "namespace": namespace})
+        return (cursor.fetchall(), holder_ids), False
+
+    @staticmethod
+    def channel(wrapper: Any) -> str:
+        """The channel this session's markers name (see ``esdlock_acquire``)."""
+        return f"{CHANNEL_PREFIX}{wrapper.connection.info.backend_pid}"

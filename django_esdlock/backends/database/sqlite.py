@@ -1,0 +1,404 @@
+"""SQLite dialect of the database lock backend: the zero-setup embedded default.
+
+Within these limits it keeps the semantics of PostgreSQL on one machine:
+
+- one machine only: the database file must be on a local disk (not NFS);
+- every lock write takes SQLite's single write lock (``BEGIN IMMEDIATE``), so
+  lock traffic is serialized and queues for up to the busy timeout
+  (OPTIONS ``timeout``, default 20 s here) before ``LockBackendUnavailable``;
+- the file is switched to WAL journal mode (a persistent setting) so that a
+  caller's open read transaction does not block lock writes;
+- a lock taken inside a transaction that has already *written* to the same
+  SQLite file waits for that transaction's write lock, i.e. for the busy
+  timeout, then fails: take locks before writing, or keep locks in a file of
+  their own (``LOCK_BACKEND = "sqlite:////var/lib/app/locks.sqlite3"``);
+- no notification: waiters poll with capped exponential backoff.
+
+Layout: one ``esdlock_node`` row per held node (deleted with its last
+holder), one ``esdlock_holder`` row per holder of a node, markers in
+``esdlock_waiter``. Rules every statement keeps: values only as parameters;
+node ids as one JSON array parameter (``json_each``), so each statement is
+one constant text whatever the number of nodes; each transaction reads the
+clock once (``NOW``) and passes it on, so all its statements agree; a holder
+is released or renewed only by its owner (``owner_key``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from django.db import Error as DjangoDatabaseError
+
+from ... import modes
+from ...modes import Mode
+from ...records import Grant, HolderRecord, LockRequest, Node
+from .common import Dialect, json_text, node_row, page_query, record, records_query
+
+TOKEN_COUNTER = "esdlock_token"
+"""The one-row table fencing tokens come from."""
+
+SQLITE_BUSY_TIMEOUT = 20.0
+"""Seconds a SQLite lock transaction waits for the write lock, unless OPTIONS['timeout'] says otherwise."""
+
+SQLITE_WAL_SWITCH_TIMEOUT_MS = 200
+
+
+# SQLite's clock as text in the format it stores DateTimeField values in.
+_SQLITE_TIME = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', %(now)s, %(offset)s)"
+_SQLITE_IDS = "(SELECT value FROM json_each(%(ids)s))"
+
+
+def _sqlite_ms(column: str) -> str:
+    return f"CAST(round((julianday({column}) - 2440587.5) * 86400000.0) AS INTEGER)"
+
+
+class SQLiteSQL:
+    """Statements for SQLite: ``BEGIN IMMEDIATE`` makes every write transaction the only one.
+
+    Node ids come as one JSON array parameter (``json_each``), so each statement
+    is one constant text whatever the number of nodes. Each transaction reads
+    the clock once (``NOW``) and passes it on, so all its statements agree.
+    """
+
+    BEGIN = "BEGIN IMMEDIATE"
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    CHECK = "SELECT 1"
+
+    JOURNAL_MODE = "PRAGMA journal_mode"
+    USE_WAL = "PRAGMA journal_mode = WAL"
+
+    NOW = "SELECT strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+    TIME = f"SELECT {_SQLITE_TIME}"
+    """The time ``%(offset)s`` (e.g. ``'-1.500 seconds'``) after ``%(now)s``, as stored text."""
+
+    CREATE_NODES = """
+INSERT OR IGNORE INTO esdlock_node (id, namespace, kind, key, parent, depth)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+       json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]')
+FROM json_each(%(nodes)s)
+"""
+    READ_HOLDERS = f"""
+SELECT node_id, holder_id, mode, owner_key, intent IS NOT NULL, expires_at > %(now)s
+FROM esdlock_holder
+WHERE node_id IN {_SQLITE_IDS}
+"""
+    READ_WAITERS = f"""
+SELECT node_id, holder_id, mode, ticket FROM esdlock_waiter WHERE node_id IN {_SQLITE_IDS} AND expires_at > %(now)s
+"""
+    # A queued request leaves its markers on the nodes that refused it, or
+    # renews those past half their lease (%(renew_before)s); rowcount says
+    # whether anything was written.
+    WRITE_MARKERS = f"""
+INSERT INTO esdlock_waiter (node_id, holder_id, mode, ticket, expires_at, channel)
+SELECT json_extract(value, '$[0]'), %(holder_id)s, json_extract(value, '$[1]'), %(ticket)s, {_SQLITE_TIME}, ''
+FROM json_each(%(refused)s) WHERE true
+ON CONFLICT (node_id, holder_id) DO UPDATE
+    SET mode = excluded.mode, ticket = excluded.ticket, expires_at = excluded.expires_at
+    WHERE esdlock_waiter.expires_at < %(renew_before)s OR esdlock_waiter.mode <> excluded.mode
+       OR esdlock_waiter.ticket <> excluded.ticket
+"""
+    # A granted request's markers go, and expired ones on its nodes.
+    DROP_MARKERS = f"""
+DELETE FROM esdlock_waiter WHERE node_id IN {_SQLITE_IDS} AND (holder_id = %(holder_id)s OR expires_at <= %(now)s)
+"""
+    WITHDRAW = f"DELETE FROM esdlock_waiter WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s"
+    DROP_EXPIRED_MARKERS = "DELETE FROM esdlock_waiter WHERE expires_at <= %(now)s"
+    # Expired holders without an intent go; so does an earlier copy of this
+    # holder (a retried request), which is written afresh below.
+    EVICT_FOR_ACQUIRE = f"""
+DELETE FROM esdlock_holder
+WHERE node_id IN {_SQLITE_IDS} AND (holder_id = %(holder_id)s OR (intent IS NULL AND expires_at <= %(now)s))
+"""
+    NEXT_TOKEN = f"UPDATE {TOKEN_COUNTER} SET value = value + 1"
+    READ_TOKEN = f"SELECT value FROM {TOKEN_COUNTER}"
+    WRITE_HOLDERS = f"""
+INSERT INTO esdlock_holder
+    (node_id, holder_id, mode, owner, owner_key, token, acquired_at, expires_at, intent, checkpoint, recovery)
+SELECT json_extract(value, '$[0]'), %(holder_id)s, json_extract(value, '$[1]'), %(owner)s, %(owner_key)s,
+       %(token)s, %(now)s, {_SQLITE_TIME}, %(intent)s, NULL, NULL
+FROM json_each(%(taken)s)
+"""
+    # A null owner key releases whoever owns the holder (a forced release).
+    RELEASE_HOLDER = f"""
+DELETE FROM esdlock_holder
+WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s AND (%(owner_key)s IS NULL OR owner_key = %(owner_key)s)
+"""
+    EVICT_EXPIRED_ON = f"""
+DELETE FROM esdlock_holder WHERE node_id IN {_SQLITE_IDS} AND intent IS NULL AND expires_at <= %(cutoff)s
+"""
+    DELETE_EMPTY_NODES = f"""
+DELETE FROM esdlock_node
+WHERE id IN {_SQLITE_IDS} AND NOT EXISTS (SELECT 1 FROM esdlock_holder h WHERE h.node_id = esdlock_node.id)
+"""
+    RENEW = f"""
+UPDATE esdlock_holder
+SET expires_at = {_SQLITE_TIME}, token = %(token)s, checkpoint = COALESCE(%(checkpoint)s, checkpoint),
+    recovery = COALESCE(%(recovery)s, recovery)
+WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s AND owner_key = %(owner_key)s
+  AND expires_at > %(now)s
+"""
+    TAKE_OVER_ARBITER = """
+SELECT 1 FROM esdlock_holder
+WHERE node_id = %(arbiter)s AND holder_id = %(holder_id)s
+  AND (%(expected_owner_key)s IS NULL OR owner_key = %(expected_owner_key)s)
+  AND (expires_at <= %(now)s OR NOT %(require_expired)s)
+"""
+    TAKE_OVER_TAKEN = f"SELECT node_id FROM esdlock_holder WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s"
+    TAKE_OVER = f"""
+UPDATE esdlock_holder
+SET owner = %(owner)s, owner_key = %(owner_key)s, token = %(token)s, recovery = %(recovery)s,
+    expires_at = {_SQLITE_TIME}
+WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s
+"""
+
+    RECORD_COLUMNS = f"""
+n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner, h.token,
+{_sqlite_ms("h.acquired_at")}, {_sqlite_ms("h.expires_at")}, h.intent, h.checkpoint, h.recovery
+"""
+    NODE_ORDER = "n.namespace, n.kind, n.key"
+    _HOLDERS = {"holders_join": "JOIN esdlock_holder h ON h.node_id = n.id"}
+    PAGE = page_query(
+        RECORD_COLUMNS,
+        NODE_ORDER,
+        "h.holder_id",
+        node_columns="n.id, n.namespace, n.kind, n.key",
+        holders_of_n="esdlock_holder h WHERE h.node_id = n.id AND",
+        **_HOLDERS,
+    )
+    AFTER = "(n.namespace, n.kind, n.key) > (%(after_namespace)s, %(after_kind)s, %(after_key)s)"
+    NODE_FILTERS = {
+        "namespace": "n.namespace = %(namespace)s",
+        "path_prefix": "substr(n.key, 1, %(prefix_length)s) = %(path_prefix)s",
+        "top_level": "n.kind = 'tree' AND n.depth = 1",
+        "parent": "n.kind = 'tree' AND n.parent = %(parent)s",
+        # Narrowing by what a holder filter asks, where the store has a faster way (see PostgreSQL).
+        "node": "n.id = %(node_id)s",
+        "holder": "n.id IN (SELECT node_id FROM esdlock_holder WHERE holder_id = %(holder_id)s)",
+        "evictable": "1 = 1",
+        "awaiting_recovery": "1 = 1",
+    }
+    HOLDER_FILTERS = {
+        "mode": "h.mode = %(mode)s",
+        "host": "json_extract(h.owner, '$.host') = %(host)s",
+        "expired": "h.expires_at <= %(now)s",
+        "live": "h.expires_at > %(now)s",
+        "holder_id": "h.holder_id = %(holder_id)s",
+        "node_id": "h.node_id = %(node_id)s",
+        "on_nodes": f"h.node_id IN {_SQLITE_IDS}",
+        "evictable": "h.intent IS NULL AND h.expires_at <= %(cutoff)s",
+        "awaiting_recovery": "h.intent IS NOT NULL AND h.expires_at <= %(cutoff)s",
+    }
+    RECORDS = records_query(RECORD_COLUMNS, NODE_ORDER, "h.holder_id", **_HOLDERS)
+
+
+class Decision(NamedTuple):
+    """What an attempt does: write ``writes`` (a grant), or nothing, leaving markers on ``refused``."""
+
+    writes: list[tuple[Node, Mode]]
+    refused: list[tuple[Node, Mode]]
+
+
+def decide(request: LockRequest, holders: Sequence[Sequence[Any]], waiters: Sequence[Sequence[Any]] = ()) -> Decision:
+    """Judge a request against the holders and live waiting markers of its nodes (SQLite's copy of
+    the ``esdlock_acquire`` function of PostgreSQL, and of the Elasticsearch acquire script).
+
+    ``holders`` are rows ``(node_id, holder_id, mode, owner_key, has_intent,
+    live)``, ``waiters`` rows ``(node_id, holder_id, mode, ticket)``. A holder
+    counts if it is live or carries an intent (it awaits recovery); the
+    request's own holder id never counts (a retry replaces it). A reentrant
+    request skips a node its owner already holds live in the same mode, as
+    Elasticsearch's ``noop`` does. A marker of another request in a
+    conflicting mode refuses a request queued after it (no ticket, or a
+    larger one) unless the requester's owner holds the node.
+    """
+    by_node: dict[str, list[Sequence[Any]]] = collections.defaultdict(list)
+    for row in holders:
+        by_node[row[0]].append(row)
+    markers: dict[str, list[Sequence[Any]]] = collections.defaultdict(list)
+    for row in waiters:
+        markers[row[0]].append(row)
+    writes, refused = [], []
+    for node, mode in dict(request.targets).items():
+        reentered = blocked = inside = False
+        for _node_id, holder_id, held_mode, owner_key, has_intent, live in by_node[node.id]:
+            if holder_id == request.holder_id or not (live or has_intent):
+                continue
+            inside = inside or (live and owner_key == request.owner.key)
+            if request.reentrant and live and owner_key == request.owner.key and held_mode == mode.value:
+                reentered = True
+            elif not modes.compatible(held_mode, mode):
+                blocked = True
+        if not inside:
+            blocked = blocked or any(
+                holder_id != request.holder_id
+                and not modes.compatible(marker_mode, mode)
+                and (request.ticket is None or ticket < request.ticket)
+                for _node_id, holder_id, marker_mode, ticket in markers[node.id]
+            )
+        if reentered:
+            continue
+        (refused if blocked else writes).append((node, mode))
+    return Decision([] if refused else writes, refused)
+
+
+def _offset(ms: int) -> str:
+    return f"{ms / 1000:+.3f} seconds"
+
+
+def _now(cursor: Any) -> str:
+    cursor.execute(SQLiteSQL.NOW, [])
+    return cursor.fetchone()[0]
+
+
+def _time(cursor: Any, now: str, offset_ms: int) -> str:
+    cursor.execute(SQLiteSQL.TIME, {"now": now, "offset": _offset(offset_ms)})
+    return cursor.fetchone()[0]
+
+
+def _next_token(cursor: Any) -> int:
+    cursor.execute(SQLiteSQL.NEXT_TOKEN, [])
+    cursor.execute(SQLiteSQL.READ_TOKEN, [])
+    return cursor.fetchone()[0]
+
+
+class SQLiteDialect(Dialect):
+    """SQLite: every lock operation is a short ``BEGIN IMMEDIATE`` transaction of a few statements."""
+
+    vendor = "sqlite"
+    BEGIN = SQLiteSQL.BEGIN
+    PAGE = SQLiteSQL.PAGE
+    RECORDS = SQLiteSQL.RECORDS
+    AFTER = SQLiteSQL.AFTER
+    NODE_FILTERS = SQLiteSQL.NODE_FILTERS
+    HOLDER_FILTERS = SQLiteSQL.HOLDER_FILTERS
+
+    def connection_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {"timeout": SQLITE_BUSY_TIMEOUT, **options}
+
+    def prepare(self, wrapper: Any, cursor: Any) -> None:
+        cursor.execute(SQLiteSQL.JOURNAL_MODE, [])
+        if cursor.fetchone()[0] != "wal":
+            # Briefly: a caller's open transaction on the file makes the
+            # switch wait, and the switch is only an improvement.
+            timeout_ms = round(float(wrapper.settings_dict["OPTIONS"]["timeout"]) * 1000)
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_WAL_SWITCH_TIMEOUT_MS}", [])
+            with contextlib.suppress(DjangoDatabaseError):
+                cursor.execute(SQLiteSQL.USE_WAL, [])
+            cursor.execute(f"PRAGMA busy_timeout = {timeout_ms:d}", [])
+
+    def is_missing_schema(self, error: BaseException) -> bool:
+        return "no such table: esdlock_" in str(error)
+
+    def with_clock(self, cursor: Any, params: dict[str, Any]) -> dict[str, Any]:
+        now = _now(cursor)
+        return {**params, "now": now, "cutoff": _time(cursor, now, -params.get("grace_ms", 0))}
+
+    def acquire(
+        self, cursor: Any, request: LockRequest, nodes: list[Node], marker_ttl_ms: int
+    ) -> tuple[Grant | None, bool]:
+        now = _now(cursor)
+        ids = json.dumps([node.id for node in nodes])
+        cursor.execute(SQLiteSQL.READ_HOLDERS, {"ids": ids, "now": now})
+        holders = cursor.fetchall()
+        cursor.execute(SQLiteSQL.READ_WAITERS, {"ids": ids, "now": now})
+        decision = decide(request, holders, cursor.fetchall())
+        if decision.refused:
+            if request.ticket is None:
+                return None, False
+            marker = {
+                "refused": json.dumps([[node.id, mode.value] for node, mode in decision.refused]),
+                "holder_id": request.holder_id,
+                "ticket": request.ticket,
+                "renew_before": _time(cursor, now, marker_ttl_ms // 2),
+            }
+            cursor.execute(SQLiteSQL.WRITE_MARKERS, {**marker, "now": now, "offset": _offset(marker_ttl_ms)})
+            return None, cursor.rowcount > 0  # commit only markers it left or renewed
+        cursor.execute(SQLiteSQL.CREATE_NODES, {"nodes": json.dumps([node_row(node) for node in nodes])})
+        cursor.execute(SQLiteSQL.EVICT_FOR_ACQUIRE, {"ids": ids, "holder_id": request.holder_id, "now": now})
+        if request.ticket is not None:
+            cursor.execute(SQLiteSQL.DROP_MARKERS, {"ids": ids, "holder_id": request.holder_id, "now": now})
+        token = _next_token(cursor)
+        cursor.execute(
+            SQLiteSQL.WRITE_HOLDERS,
+            {
+                "taken": json.dumps([[node.id, mode.value] for node, mode in decision.writes]),
+                "holder_id": request.holder_id,
+                "owner": json_text(request.owner.as_dict()),
+                "owner_key": request.owner.key,
+                "token": token,
+                "now": now,
+                "offset": _offset(request.ttl_ms),
+                "intent": json_text(request.intent),
+            },
+        )
+        return Grant(request=request, token=token, taken=tuple(node for node, _ in decision.writes)), True
+
+    def release(
+        self, cursor: Any, holder_id: str, owner_key: str | None, released: Sequence[tuple[Node, Mode | None]]
+    ) -> tuple[bool, bool]:
+        ids = sorted({node.id for node, _ in released})
+        now = _now(cursor)
+        id_list = json.dumps(ids)
+        cursor.execute(SQLiteSQL.RELEASE_HOLDER, {"ids": id_list, "holder_id": holder_id, "owner_key": owner_key})
+        removed = cursor.rowcount
+        cursor.execute(SQLiteSQL.EVICT_EXPIRED_ON, {"ids": id_list, "cutoff": now})
+        cursor.execute(SQLiteSQL.DELETE_EMPTY_NODES, {"ids": id_list})
+        return removed == len(ids), True
+
+    def withdraw(self, cursor: Any, request: LockRequest) -> tuple[None, bool]:
+        ids = sorted({node.id for node, _ in request.targets})
+        cursor.execute(SQLiteSQL.WITHDRAW, {"holder_id": request.holder_id, "ids": json.dumps(ids)})
+        return None, True
+
+    def renew(self, cursor: Any, grant: Grant, checkpoint: str | None, recovery: str | None) -> tuple[bool, bool]:
+        ids = sorted({node.id for node in grant.taken})
+        now = _now(cursor)
+        params = {
+            "holder_id": grant.request.holder_id,
+            "owner_key": grant.request.owner.key,
+            "token": grant.token,
+            "checkpoint": checkpoint,
+            "recovery": recovery,
+            "ids": json.dumps(ids),
+            "now": now,
+            "offset": _offset(grant.request.ttl_ms),
+        }
+        cursor.execute(SQLiteSQL.RENEW, params)
+        return cursor.rowcount == len(ids), True
+
+    def take_over(
+        self, cursor: Any, ids: list[str], params: dict[str, Any]
+    ) -> tuple[tuple[int, set[str]] | None, bool]:
+        now = _now(cursor)
+        cursor.execute(SQLiteSQL.TAKE_OVER_ARBITER, {**params, "now": now})
+        if cursor.fetchone() is None:
+            return None, False
+        id_list = json.dumps(ids)
+        cursor.execute(SQLiteSQL.TAKE_OVER_TAKEN, {"ids": id_list, "holder_id": params["holder_id"]})
+        taken = {row[0] for row in cursor.fetchall()}
+        token = _next_token(cursor)
+        offset = _offset(params["ttl_ms"])
+        cursor.execute(SQLiteSQL.TAKE_OVER, {**params, "ids": id_list, "token": token, "now": now, "offset": offset})
+        return (token, taken), True
+
+    def evict(self, cursor: Any, rows: list[Sequence[Any]], grace_ms: int) -> tuple[list[HolderRecord], bool]:
+        id_list = json.dumps(sorted({row[3] for row in rows}))
+        now = _now(cursor)
+        cutoff = _time(cursor, now, -grace_ms)
+        query = SQLiteSQL.RECORDS.replace("{nodes}", "1 = 1").replace(
+            "{holders}", " AND ".join([SQLiteSQL.HOLDER_FILTERS["on_nodes"], SQLiteSQL.HOLDER_FILTERS["evictable"]])
+        )
+        cursor.execute(query, {"ids": id_list, "cutoff": cutoff})
+        found = [record(row) for row in cursor.fetchall()]
+        cursor.execute(SQLiteSQL.EVICT_EXPIRED_ON, {"ids": id_list, "cutoff": cutoff})
+        cursor.execute(SQLiteSQL.DELETE_EMPTY_NODES, {"ids": id_list})
+        return found, True
+
+    def drop_expired_markers(self, cursor: Any) -> tuple[None, bool]:
+        cursor.execute(SQLiteSQL.DROP_EXPIRED_MARKERS, {"now": _now(cursor)})
+        return None, True
