@@ -41,7 +41,7 @@ T = TypeVar("T")
 
 
 async def _settle(future: asyncio.Future[Any]) -> bool:
-    """Wait until ``future`` is done, through any cancellation of the caller; return True if it was cancelled."""
+    """Wait until ``future`` is done, whatever cancels the caller meanwhile; return True if something did."""
     cancelled = False
     while not future.done():
         try:
