@@ -40,12 +40,9 @@ class LockNode(models.Model):
         return f"{self.namespace}:{self.key}"
 
 
-class LockHolder(models.Model):
-    """SQLite: one holder of one node, a mode, an owner, a lease and a fencing token."""
+class HeldRecord(models.Model):
+    """What a hold records, whichever table keeps it: owner, lease, fencing token, intent and progress."""
 
-    node = models.ForeignKey(LockNode, on_delete=models.CASCADE, related_name="holders", db_index=False)
-    holder_id = models.CharField(max_length=64)
-    mode = models.CharField(max_length=2)
     owner = models.JSONField()
     owner_key = models.CharField(max_length=200)
     token = models.BigIntegerField()
@@ -54,6 +51,17 @@ class LockHolder(models.Model):
     intent = models.JSONField(null=True, blank=True)
     checkpoint = models.JSONField(null=True, blank=True)
     recovery = models.JSONField(null=True, blank=True, help_text="Set once a reaper took the holder over")
+
+    class Meta:
+        abstract = True
+
+
+class LockHolder(HeldRecord):
+    """SQLite: one holder of one node, a mode, an owner, a lease and a fencing token."""
+
+    node = models.ForeignKey(LockNode, on_delete=models.CASCADE, related_name="holders", db_index=False)
+    holder_id = models.CharField(max_length=64)
+    mode = models.CharField(max_length=2)
 
     class Meta:
         db_table = "esdlock_holder"
@@ -67,7 +75,7 @@ class LockHolder(models.Model):
         return f"{self.holder_id} {self.mode} on {self.node_id}"
 
 
-class LockGrant(models.Model):
+class LockGrant(HeldRecord):
     """PostgreSQL: one holder (a grant) of all its nodes: their modes, the owner, lease, token, intent and checkpoint.
 
     One row per grant, not per node, keeps a lock pair to one row written and
@@ -76,14 +84,6 @@ class LockGrant(models.Model):
 
     holder_id = models.CharField(primary_key=True, max_length=64)
     nodes = models.JSONField(help_text="Node id → mode, for every node this grant holds")
-    owner = models.JSONField()
-    owner_key = models.CharField(max_length=200)
-    token = models.BigIntegerField()
-    acquired_at = models.DateTimeField()
-    expires_at = models.DateTimeField()
-    intent = models.JSONField(null=True, blank=True)
-    checkpoint = models.JSONField(null=True, blank=True)
-    recovery = models.JSONField(null=True, blank=True, help_text="Set once a reaper took the holder over")
 
     class Meta:
         db_table = "esdlock_grant"
