@@ -237,6 +237,18 @@ def takeover_request(
     return records, arbiter, request
 
 
+def renew_params(grant: Grant, checkpoint: Any, recovery: Any) -> dict[str, Any]:
+    """Return what a store's renewal of ``grant`` is given: whose lease, for how long, its token and progress."""
+    return {
+        "holder_id": grant.request.holder_id,
+        "owner_key": grant.request.owner.key,
+        "ttl_ms": grant.request.ttl_ms,
+        "token": grant.token,
+        "checkpoint": checkpoint,
+        "recovery": recovery,
+    }
+
+
 BACKOFF_INITIAL = 0.005
 BACKOFF_CAP = 0.5
 

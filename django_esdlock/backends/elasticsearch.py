@@ -24,7 +24,7 @@ from .. import modes, paths
 from ..exceptions import LockBackendUnavailable, LockStoreBusy
 from ..records import Grant, HolderPage, HolderRecord, Kind, LockRequest, Node, Owner, from_epoch_ms
 from . import elasticsearch_scripts as scripts
-from .base import BaseLockBackend, backoff_delay, takeover_request
+from .base import BaseLockBackend, backoff_delay, renew_params, takeover_request
 
 try:
     import elasticsearch
@@ -816,14 +816,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
     def _renew_steps(
         self, grant: Grant, checkpoint: dict[str, Any] | None, recovery: dict[str, Any] | None
     ) -> Steps[bool]:
-        params = {
-            "holder_id": grant.request.holder_id,
-            "owner_key": grant.request.owner.key,
-            "ttl_ms": grant.request.ttl_ms,
-            "token": grant.token,
-            "checkpoint": checkpoint,
-            "recovery": recovery,
-        }
+        params = renew_params(grant, checkpoint, recovery)
         fields = ["holders.id", "waiters.id"]
         operations = [
             op for node in grant.taken for op in self._scripted(node.id, scripts.RENEW, params, fields=fields)

@@ -33,6 +33,7 @@ from typing import Any
 from ... import modes
 from ...modes import Mode
 from ...records import Grant, HolderRecord, LockRequest, Node
+from ..base import renew_params
 from .common import Dialect, node_row, page_query, record, records_query
 
 TOKEN_SEQUENCE = "esdlock_token_seq"
@@ -316,14 +317,7 @@ class PostgresDialect(Dialect):
         return None, False
 
     def renew(self, cursor: Any, grant: Grant, checkpoint: str | None, recovery: str | None) -> tuple[bool, bool]:
-        params = {
-            "holder_id": grant.request.holder_id,
-            "owner_key": grant.request.owner.key,
-            "ttl_ms": grant.request.ttl_ms,
-            "token": grant.token,
-            "checkpoint": checkpoint,
-            "recovery": recovery,
-        }
+        params = renew_params(grant, checkpoint, recovery)
         cursor.execute(PostgresSQL.RENEW, params)
         return cursor.rowcount == 1, False
 
