@@ -246,10 +246,23 @@ class DatabaseLockBackend(BaseLockBackend):
                 raise
         raise AssertionError("unreachable")
 
+    @staticmethod
+    def _cursor(wrapper: BaseDatabaseWrapper) -> contextlib.AbstractContextManager[Any]:
+        """The driver's cursor, unless queries of this connection are being captured.
+
+        With DEBUG on, Django's cursor spells out every statement for its
+        query log, which costs a lock call about as much as the call itself;
+        lock work on the backend's own connection belongs in nobody's log,
+        unless asked for (``CaptureQueriesContext`` forces the debug cursor).
+        """
+        if wrapper.force_debug_cursor:
+            return wrapper.cursor()
+        return contextlib.closing(wrapper.create_cursor())
+
     def _run_once(self, wrapper: BaseDatabaseWrapper, work: Callable[[Any], tuple[T, bool]], transaction: bool) -> T:
         try:
             self._prepare(wrapper)
-            with wrapper.cursor() as cursor:
+            with self._cursor(wrapper) as cursor:
                 if not transaction:
                     return work(cursor)[0]
                 cursor.execute(self.dialect.BEGIN, [])
