@@ -86,7 +86,7 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
                 elif isinstance(step, _Sleep):
                     await asyncio.sleep(step.seconds)
                 else:
-                    await backend.await_release(self.targets, step.seconds, step.attempt)
+                    await backend.await_release(request, step.seconds, step.attempt)
                 step = steps.send(outcome)
         except StopIteration as done:
             grant, started = done.value

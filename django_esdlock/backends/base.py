@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import functools
 import random
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
 
 from django.core import checks
 
 from ..modes import Mode
 from ..records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner, main_record
+
+T = TypeVar("T")
 
 
 class BaseLockBackend(abc.ABC):
@@ -199,8 +202,8 @@ class BaseLockBackend(abc.ABC):
     async def aclose(self) -> None:
         """Close what the running event loop's calls opened (call it before the loop ends)."""
 
-    async def await_release(self, targets: Sequence[tuple[Node, Mode]], timeout: float, attempt: int) -> None:
-        """Async :meth:`wait`: by default a backoff step on the event loop."""
+    async def await_release(self, request: LockRequest, timeout: float, attempt: int) -> None:
+        """Async :meth:`wait`, for the refused ``request``: by default a backoff step on the event loop."""
         await asyncio.sleep(min(timeout, backoff_delay(attempt)))
 
     def setup(self) -> None:
@@ -257,3 +260,28 @@ def backoff_delay(attempt: int, *, initial: float = BACKOFF_INITIAL, cap: float 
     """Return the sleep before retry ``attempt`` (0-based): capped exponential, equal jitter."""
     ceiling = min(cap, initial * (2 ** min(attempt, 30)))
     return random.uniform(ceiling / 2, ceiling)
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, if any."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def close_per_loop(per_loop: Mapping[asyncio.AbstractEventLoop, T], close: Callable[[T], Awaitable[Any]]) -> None:
+    """Close what each event loop opened, on that loop: from a blocking ``close()``.
+
+    A loop that is gone took its connections with it; one that runs in
+    another thread closes them there (waiting a few seconds); the loop of
+    this very thread cannot be waited for here (that is ``aclose()``'s job).
+    """
+    for loop, resource in list(per_loop.items()):
+        if loop.is_closed() or loop is running_loop():
+            continue
+        if loop.is_running():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(close(resource), loop).result(timeout=5)  # type: ignore[arg-type]
+        else:
+            loop.run_until_complete(close(resource))

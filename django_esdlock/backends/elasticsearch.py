@@ -24,7 +24,7 @@ from .. import modes, paths
 from ..exceptions import LockBackendUnavailable, LockStoreBusy
 from ..records import Grant, HolderPage, HolderRecord, Kind, LockRequest, Node, Owner, from_epoch_ms
 from . import elasticsearch_scripts as scripts
-from .base import BaseLockBackend, backoff_delay, renew_params, takeover_request
+from .base import BaseLockBackend, backoff_delay, close_per_loop, renew_params, takeover_request
 
 try:
     import elasticsearch
@@ -292,13 +292,6 @@ Steps = Generator[_Api | _Pause, Any, T]
 async one (:meth:`_arun`)."""
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
 def _perform(client: Any, api: _Api) -> Any:
     if api.options:
         client = client.options(**api.options)
@@ -389,16 +382,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         if client is not None and self._client_pid == os.getpid():
             client.close()
         aclients, self._aclients = self._aclients, weakref.WeakKeyDictionary()
-        for loop, aclient in list(aclients.items()):
-            # A loop that is gone took its connections with it; one that runs in
-            # another thread closes them there; this thread's own loop: see aclose().
-            if loop.is_closed() or loop is _running_loop():
-                continue
-            if loop.is_running():
-                with contextlib.suppress(Exception):
-                    asyncio.run_coroutine_threadsafe(aclient.close(), loop).result(timeout=5)
-            else:
-                loop.run_until_complete(aclient.close())
+        close_per_loop(aclients, lambda aclient: aclient.close())
 
     async def aclose(self) -> None:
         """Close the async client of the running loop (the blocking one stays)."""

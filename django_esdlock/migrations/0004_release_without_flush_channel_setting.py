@@ -1,5 +1,5 @@
 """PostgreSQL: a release of a grant without intent commits without waiting for the WAL flush; markers may name
-a channel set on the session.
+a channel set on the session; a release names the waiter it wakes.
 
 - ``esdlock_release`` of a grant that has no intent sets ``synchronous_commit``
   off for its own transaction. Giving a lock back need not survive a crash:
@@ -12,6 +12,9 @@ a channel set on the session.
   setting ``esdlock.channel`` if set, else ``esdlock_<backend pid>`` as
   before: an async client runs its calls on pooled sessions and listens on
   one session of its own, whose channel it sets on the others.
+- ``esdlock_release`` sends each waiter it may free the waiter's holder id
+  as the payload, so a session that listens for many requests (the async
+  client's) wakes only that one; a blocking session ignores the payload.
 """
 
 from importlib import import_module
@@ -33,6 +36,7 @@ DECLARE
     v_nodes jsonb;
     v_intent jsonb;
     v_channel text;
+    v_waiter text;
 BEGIN
     DELETE FROM esdlock_grant
     WHERE holder_id = p_holder_id AND (p_owner_key IS NULL OR owner_key = p_owner_key)
@@ -45,19 +49,19 @@ BEGIN
         -- released intent must not come back: that one waits for the flush.
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    FOR v_channel IN
+    FOR v_channel, v_waiter IN
         WITH waking AS (
-            SELECT w.node_id, w.mode, w.channel,
+            SELECT w.node_id, w.mode, w.channel, w.holder_id,
                    rank() OVER (PARTITION BY w.node_id ORDER BY w.ticket) AS place
             FROM jsonb_each_text(v_nodes) AS r(node_id, mode)
             JOIN esdlock_waiter w ON w.node_id = r.node_id
             WHERE w.expires_at > statement_timestamp() AND w.channel <> ''
               AND (p_conflicts -> r.mode) ? w.mode
         )
-        SELECT DISTINCT k.channel FROM waking k JOIN waking head ON head.node_id = k.node_id AND head.place = 1
+        SELECT DISTINCT k.channel, k.holder_id FROM waking k JOIN waking head ON head.node_id = k.node_id AND head.place = 1
         WHERE k.place = 1 OR (k.mode = head.mode AND NOT ((p_conflicts -> head.mode) ? head.mode))
     LOOP
-        PERFORM pg_notify(v_channel, '');
+        PERFORM pg_notify(v_channel, v_waiter);
     END LOOP;
     RETURN true;
 END

@@ -12,6 +12,7 @@ embedded default, with the limits its module lists).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -33,8 +34,9 @@ from django.db.utils import ConnectionDoesNotExist, ConnectionHandler, load_back
 from ...exceptions import LockBackendUnavailable
 from ...modes import Mode
 from ...records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner
-from ..base import BaseLockBackend, backoff_delay, takeover_request
+from ..base import BaseLockBackend, backoff_delay, close_per_loop, takeover_request
 from . import listener
+from .aio import LoopSessions
 from .common import Dialect, decode_cursor, encode_cursor, json_text, record, takeover_params
 from .postgresql import SETUP_LOCK_KEY, PostgresDialect
 from .sqlite import SQLiteDialect
@@ -49,6 +51,9 @@ URL_ALIAS = "django_esdlock"
 
 NOTIFY_QUEUED_POLL_CAP = 0.5
 """Longest sleep of a queued waiter that listens (see ``BaseLockBackend.queued_poll_cap``)."""
+
+ASYNC_SESSIONS = 10
+"""Default of OPTIONS ``async_sessions``: PostgreSQL sessions per event loop for the async API's calls."""
 
 NOTIFY_FALLBACK_INITIAL = 0.25
 NOTIFY_FALLBACK_CAP = 2.0
@@ -85,12 +90,26 @@ class DatabaseLockBackend(BaseLockBackend):
     connection or in its transaction.
     """
 
-    def __init__(self, *, ttl: float = 30.0, using: str | None = None, url: str | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        ttl: float = 30.0,
+        using: str | None = None,
+        url: str | None = None,
+        async_sessions: int = ASYNC_SESSIONS,
+        **options: Any,
+    ) -> None:
         super().__init__(ttl=ttl)
         if options:
             raise ImproperlyConfigured(
-                f"DatabaseLockBackend got unknown OPTIONS {', '.join(sorted(options))}; use 'using' or 'url'"
+                f"DatabaseLockBackend got unknown OPTIONS {', '.join(sorted(options))}; "
+                "use 'using' or 'url' (and 'async_sessions')"
             )
+        if isinstance(async_sessions, bool) or not isinstance(async_sessions, int) or async_sessions < 1:
+            raise ImproperlyConfigured(
+                f"DatabaseLockBackend OPTIONS['async_sessions'] must be a positive integer, not {async_sessions!r}"
+            )
+        self.async_sessions = async_sessions
         if (using is None) == (url is None):
             raise ImproperlyConfigured("DatabaseLockBackend needs exactly one of OPTIONS 'using' (an alias) or 'url'")
         self.using = using
@@ -130,6 +149,11 @@ class DatabaseLockBackend(BaseLockBackend):
         self._wrappers: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()
         self._pid = os.getpid()
         self._schema_ready = False
+        # PostgreSQL through psycopg 3.2+: the async API's own sessions, per event loop (see aio).
+        self.async_native = self.supports_notify
+        self._loop_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopSessions] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def describe(self) -> str:
         s = self._base_settings()
@@ -179,6 +203,7 @@ class DatabaseLockBackend(BaseLockBackend):
                 _inherited.extend([self._local, *self._wrappers])
                 self._wrappers = weakref.WeakSet()
                 self._local = threading.local()
+                self._loop_sessions = weakref.WeakKeyDictionary()
                 self._pid = os.getpid()
 
     def close(self) -> None:
@@ -190,6 +215,8 @@ class DatabaseLockBackend(BaseLockBackend):
             for wrapper in wrappers:
                 with contextlib.suppress(Exception):
                     wrapper.close()
+            loop_sessions, self._loop_sessions = self._loop_sessions, weakref.WeakKeyDictionary()
+            close_per_loop(loop_sessions, LoopSessions.aclose)
 
     def _prepare(self, wrapper: BaseDatabaseWrapper) -> None:
         """Open the connection if needed and set up a new one for lock work."""
@@ -451,6 +478,101 @@ class DatabaseLockBackend(BaseLockBackend):
             logger.info("waiting without notifications: %s", e)
             self._discard(wrapper)
             super().wait(targets, timeout, attempt)
+
+    # --- the async API: natively on PostgreSQL, else the blocking calls in a worker thread ---
+
+    def _sessions(self) -> LoopSessions:
+        """The running event loop's PostgreSQL sessions (made on first use)."""
+        self._forget_inherited()
+        loop = asyncio.get_running_loop()
+        sessions = self._loop_sessions.get(loop)
+        if sessions is None:
+            params = self._new_wrapper().get_connection_params()
+            for django_only in ("cursor_factory", "context"):  # a blocking cursor class, Django's type loaders
+                params.pop(django_only, None)
+            sessions = self._loop_sessions[loop] = LoopSessions(params, self.async_sessions)
+        return sessions
+
+    async def _acall(self, action: str, read: Callable[..., Any], call: tuple[str, dict[str, Any]]) -> Any:
+        """Send one statement on a session of this loop; translate failures as :meth:`_run` does."""
+        for first_try in (True, False):
+            try:
+                return await read(*call)
+            except _driver_errors(self.vendor) as e:
+                if first_try and not self._schema_ready and self.dialect.is_missing_schema(e):
+                    logger.info("creating the lock tables in %s", self.describe())
+                    await asyncio.to_thread(self.setup)
+                    continue
+                raise LockBackendUnavailable(f"{self.describe()} failed to {action}: {e}") from e
+            except OSError as e:
+                raise LockBackendUnavailable(f"{self.describe()} failed to {action}: {e}") from e
+        raise AssertionError("unreachable")
+
+    async def aacquire(self, request: LockRequest) -> Grant | None:
+        if not self.async_native:
+            return await super().aacquire(request)
+        dialect: PostgresDialect = self.dialect  # type: ignore[assignment]
+        nodes = sorted(dict(request.targets), key=lambda node: node.id)
+        sessions = self._sessions()
+        if request.ticket is not None:  # a request that may wait: a release may wake it from now on
+            sessions.attempt_begins(request.holder_id)
+        call = dialect.acquire_call(request, nodes, self.marker_ttl_ms)
+        try:
+            row = await self._acall("acquire", sessions.fetchone, call)
+        except BaseException:
+            # The call may have committed a grant whose answer never arrived:
+            # give it back, best-effort (its lease ends it else).
+            give_back = dialect.release_call(request.holder_id, request.owner.key)
+            with contextlib.suppress(Exception):
+                await self._acall("release", sessions.fetchone, give_back)
+            sessions.done_waiting(request.holder_id)
+            raise
+        grant = dialect.acquire_answer(row, request, nodes)
+        if grant is not None:
+            sessions.done_waiting(request.holder_id)
+        return grant
+
+    async def arelease(self, grant: Grant) -> bool:
+        if not self.async_native:
+            return await super().arelease(grant)
+        if not grant.taken:
+            return True
+        dialect: PostgresDialect = self.dialect  # type: ignore[assignment]
+        call = dialect.release_call(grant.request.holder_id, grant.request.owner.key)
+        row = await self._acall("release", self._sessions().fetchone, call)
+        return bool(row[0])
+
+    async def arenew(
+        self, grant: Grant, *, checkpoint: dict[str, Any] | None = None, recovery: dict[str, Any] | None = None
+    ) -> bool:
+        if not self.async_native:
+            return await super().arenew(grant, checkpoint=checkpoint, recovery=recovery)
+        if not grant.taken:
+            return True
+        dialect: PostgresDialect = self.dialect  # type: ignore[assignment]
+        call = dialect.renew_call(grant, json_text(checkpoint), json_text(recovery))
+        return await self._acall("renew", self._sessions().rowcount, call) == 1
+
+    async def awithdraw(self, request: LockRequest) -> None:
+        if not self.async_native:
+            return await super().awithdraw(request)
+        dialect: PostgresDialect = self.dialect  # type: ignore[assignment]
+        sessions = self._sessions()
+        sessions.done_waiting(request.holder_id)
+        await self._acall("withdraw waiting markers", sessions.rowcount, dialect.withdraw_call(request))
+
+    async def await_release(self, request: LockRequest, timeout: float, attempt: int) -> None:
+        """Async :meth:`wait`: on PostgreSQL the loop's listening session wakes the task (see ``aio``)."""
+        if self.async_native:
+            step = backoff_delay(attempt, initial=NOTIFY_FALLBACK_INITIAL, cap=NOTIFY_FALLBACK_CAP)
+            if await self._sessions().wait(request.holder_id, min(timeout, step)):
+                return
+        await super().await_release(request, timeout, attempt)
+
+    async def aclose(self) -> None:
+        sessions = self._loop_sessions.pop(asyncio.get_running_loop(), None)
+        if sessions is not None:
+            await sessions.aclose()
 
     # --- inspection and maintenance ---------------------------------------------
 

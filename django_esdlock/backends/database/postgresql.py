@@ -50,6 +50,8 @@ CLIENT_CHECK_SINCE = 140000
 # Which held modes conflict with each mode: passed to esdlock_release, which
 # decides whom a release may free; modes.py stays the only copy of the matrix.
 CONFLICTS = json.dumps({mode.value: sorted(m.value for m in modes.conflicting(mode)) for mode in Mode})
+_CONFLICTS_OF = {mode: ",".join(sorted(m.value for m in modes.conflicting(mode))) for mode in Mode}
+"""What esdlock_acquire is told conflicts with each mode asked (comma-separated)."""
 
 _MS = "%(ttl_ms)s::float8 * interval '1 millisecond'"
 
@@ -102,8 +104,8 @@ WITH gone AS (
     DELETE FROM esdlock_waiter WHERE node_id = ANY(%(ids)s::text[]) AND holder_id = %(holder_id)s::text
     RETURNING node_id
 )
-SELECT pg_notify(c.channel, '') FROM (
-    SELECT DISTINCT w.channel FROM esdlock_waiter w
+SELECT pg_notify(c.channel, c.holder_id) FROM (
+    SELECT DISTINCT w.channel, w.holder_id FROM esdlock_waiter w
     WHERE w.node_id IN (SELECT node_id FROM gone) AND w.holder_id <> %(holder_id)s::text
       AND w.channel <> '' AND w.expires_at > statement_timestamp()
 ) c
@@ -253,10 +255,10 @@ class PostgresDialect(Dialect):
     HOLDER_FILTERS = PostgresSQL.HOLDER_FILTERS
 
     def connection_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        # psycopg 3 binds parameters on the server and prepares a statement
-        # run five times: the constant acquire and release calls are then
-        # planned once per session, and their arrays sent without being
-        # spelled out as SQL text.
+        # psycopg 3 binds parameters on the server: the calls' arrays are sent
+        # as values, not spelled out as SQL text. (Django leaves prepared
+        # statements off, for poolers; the statements inside the functions
+        # are planned once per session by PL/pgSQL all the same.)
         try:
             import psycopg  # noqa: F401
         except ImportError:  # pragma: no cover - psycopg2
@@ -271,54 +273,72 @@ class PostgresDialect(Dialect):
     def is_missing_schema(self, error: BaseException) -> bool:
         return getattr(error, "sqlstate", None) in ("42P01", "42883", "42703")  # no such table, function, column
 
-    def acquire(
-        self, cursor: Any, request: LockRequest, nodes: list[Node], marker_ttl_ms: int
-    ) -> tuple[Grant | None, bool]:
+    # The calls an event loop sends too (see ``aio``): each is a statement and
+    # its parameters, and a reading of its answer, shared by both drivers.
+
+    def acquire_call(self, request: LockRequest, nodes: list[Node], marker_ttl_ms: int) -> tuple[str, dict[str, Any]]:
         ids, namespaces, kinds, keys, parents, depths = (
             list(column) for column in zip(*map(node_row, nodes), strict=True)
         )
         asked = dict(request.targets)
-        cursor.execute(
-            PostgresSQL.ACQUIRE,
-            {
-                "ids": ids,
-                "namespaces": namespaces,
-                "kinds": kinds,
-                "keys": keys,
-                "parents": parents,
-                "depths": depths,
-                "modes": [asked[node].value for node in nodes],
-                "conflicts": [",".join(sorted(m.value for m in modes.conflicting(asked[node]))) for node in nodes],
-                "holder_id": request.holder_id,
-                "owner": json.dumps(request.owner.as_dict(), separators=(",", ":")),
-                "owner_key": request.owner.key,
-                "ttl_ms": request.ttl_ms,
-                "intent": None if request.intent is None else json.dumps(request.intent, separators=(",", ":")),
-                "reentrant": request.reentrant,
-                "ticket": request.ticket,
-                "marker_ttl_ms": marker_ttl_ms,
-            },
-        )
-        token, taken = cursor.fetchone()
+        return PostgresSQL.ACQUIRE, {
+            "ids": ids,
+            "namespaces": namespaces,
+            "kinds": kinds,
+            "keys": keys,
+            "parents": parents,
+            "depths": depths,
+            "modes": [asked[node].value for node in nodes],
+            "conflicts": [_CONFLICTS_OF[asked[node]] for node in nodes],
+            "holder_id": request.holder_id,
+            "owner": json.dumps(request.owner.as_dict(), separators=(",", ":")),
+            "owner_key": request.owner.key,
+            "ttl_ms": request.ttl_ms,
+            "intent": None if request.intent is None else json.dumps(request.intent, separators=(",", ":")),
+            "reentrant": request.reentrant,
+            "ticket": request.ticket,
+            "marker_ttl_ms": marker_ttl_ms,
+        }
+
+    @staticmethod
+    def acquire_answer(row: Sequence[Any], request: LockRequest, nodes: list[Node]) -> Grant | None:
+        token, taken = row
         if taken is None:
-            return None, False
+            return None
         taken_ids = set(taken)
-        return Grant(request=request, token=token, taken=tuple(node for node in nodes if node.id in taken_ids)), False
+        return Grant(request=request, token=token, taken=tuple(node for node in nodes if node.id in taken_ids))
+
+    @staticmethod
+    def release_call(holder_id: str, owner_key: str | None) -> tuple[str, dict[str, Any]]:
+        return PostgresSQL.RELEASE, {"holder_id": holder_id, "owner_key": owner_key, "conflicts": CONFLICTS}
+
+    @staticmethod
+    def withdraw_call(request: LockRequest) -> tuple[str, dict[str, Any]]:
+        ids = sorted({node.id for node, _ in request.targets})
+        return PostgresSQL.WITHDRAW, {"ids": ids, "holder_id": request.holder_id}
+
+    @staticmethod
+    def renew_call(grant: Grant, checkpoint: str | None, recovery: str | None) -> tuple[str, dict[str, Any]]:
+        return PostgresSQL.RENEW, renew_params(grant, checkpoint, recovery)
+
+    def acquire(
+        self, cursor: Any, request: LockRequest, nodes: list[Node], marker_ttl_ms: int
+    ) -> tuple[Grant | None, bool]:
+        cursor.execute(*self.acquire_call(request, nodes, marker_ttl_ms))
+        return self.acquire_answer(cursor.fetchone(), request, nodes), False
 
     def release(
         self, cursor: Any, holder_id: str, owner_key: str | None, released: Sequence[tuple[Node, Mode | None]]
     ) -> tuple[bool, bool]:
-        cursor.execute(PostgresSQL.RELEASE, {"holder_id": holder_id, "owner_key": owner_key, "conflicts": CONFLICTS})
+        cursor.execute(*self.release_call(holder_id, owner_key))
         return bool(cursor.fetchone()[0]), False
 
     def withdraw(self, cursor: Any, request: LockRequest) -> tuple[None, bool]:
-        ids = sorted({node.id for node, _ in request.targets})
-        cursor.execute(PostgresSQL.WITHDRAW, {"ids": ids, "holder_id": request.holder_id})
+        cursor.execute(*self.withdraw_call(request))
         return None, False
 
     def renew(self, cursor: Any, grant: Grant, checkpoint: str | None, recovery: str | None) -> tuple[bool, bool]:
-        params = renew_params(grant, checkpoint, recovery)
-        cursor.execute(PostgresSQL.RENEW, params)
+        cursor.execute(*self.renew_call(grant, checkpoint, recovery))
         return cursor.rowcount == 1, False
 
     def take_over(
