@@ -14,8 +14,10 @@ from .exceptions import (
     LockTimeout,
     LockUnavailable,
 )
+from .handoff import aresume_lock, resume_lock
 from .locks import Lock, global_lock, lock_documents, lock_tree
 from .modes import Mode
+from .tasks import locked
 
 __all__ = [
     "AsyncLock",
@@ -34,10 +36,13 @@ __all__ = [
     "aglobal_lock",
     "alock_documents",
     "alock_tree",
+    "aresume_lock",
     "get_backend",
     "global_lock",
     "lock_documents",
     "lock_tree",
+    "locked",
+    "resume_lock",
 ]
 
 __version__ = "0.1.0"

@@ -134,7 +134,19 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
         if not await self.backend.arenew(self._grant, checkpoint=checkpoint):
             self._mark_lost("its holder record was gone at checkpoint")
             self.check()
+        self._checkpoint = checkpoint
         self._renewed(started)
+
+    async def handoff(self, ttl: float | None = None) -> str:
+        """Async :meth:`Lock.handoff <django_esdlock.locks.Lock.handoff>`: return a ticket for ``aresume_lock``."""
+        # Settling a renewal in flight blocks for one request at most; not worth a thread.
+        renewed = self._handoff_start(ttl)
+        try:
+            ok = await _shielded(self.backend.arenew(renewed))
+        except BaseException:
+            self._handoff_failed()
+            raise
+        return self._handed(renewed, ok)
 
     async def __aenter__(self) -> AsyncLock:
         return await self.acquire()

@@ -100,9 +100,13 @@ class BaseLock:
         self._grant: Grant | None = None
         self._valid_until = 0.0
         self._lost_reason: str | None = None
+        self._checkpoint: dict[str, Any] | None = None
+        self._handed_off = False
 
     def __repr__(self) -> str:
-        state = "held" if self.held else "lost" if self._lost_reason else "not held"
+        state = (
+            "held" if self.held else "lost" if self._lost_reason else "handed off" if self._handed_off else "not held"
+        )
         nodes = ", ".join(f"{node}={mode}" for node, mode in self.targets[-3:])
         return f"<{type(self).__name__} {nodes} {state} token={self.token}>"
 
@@ -136,8 +140,20 @@ class BaseLock:
             return True
         return self._grant is not None and time.monotonic() > self._valid_until
 
+    @property
+    def last_checkpoint(self) -> dict[str, Any] | None:
+        """The checkpoint this lock recorded last (a resumed lock: the one its ticket carried)."""
+        return self._checkpoint
+
+    @property
+    def handed_off(self) -> bool:
+        """True once :meth:`handoff` gave the lock to whoever claims its ticket; it protects nothing here then."""
+        return self._handed_off
+
     def check(self) -> None:
         """Raise LockLost unless the lock is held with a live lease."""
+        if self._handed_off:
+            raise LockLost(f"{self!r} was handed off: the worker that claims its ticket holds it")
         if self._grant is None and self._lost_reason is None:
             raise LockLost(f"{self!r} is not held")
         if self.lost:
@@ -204,9 +220,13 @@ class BaseLock:
         logger.debug("acquired %r", self)
         signals.lock_acquired.send(sender=type(self), lock=self)
 
-    def _letting_go(self) -> tuple[bool, bool]:
-        """Stop renewing before a release; return whether the lock was lost, and whether that was signalled."""
-        _renewer.remove(self)
+    def _letting_go(self, *, settle: bool = False) -> tuple[bool, bool]:
+        """Stop renewing before a release; return whether the lock was lost, and whether that was signalled.
+
+        With ``settle``, a renewal in flight ends first: landing after the
+        release, it would report a lock that was given back as lost.
+        """
+        _renewer.remove(self, settle=settle)
         _registry.remove(self)
         return self.lost, self._lost_reason is not None
 
@@ -222,6 +242,43 @@ class BaseLock:
             if not already_signalled:  # the renewer sent it when it noticed
                 signals.lock_lost.send(sender=type(self), lock=self, reason=self._lost_reason)
             raise LockLost(f"{self!r} was lost before release: {self._lost_reason}")
+
+    # --- hand-off (see handoff.py): the twins' handoff() call these around one renewal
+
+    def _handoff_start(self, ttl: float | None) -> Grant:
+        """Stop renewing for a hand-off; return the grant as the renewal that sets the ticket's lease sends it."""
+        ttl = _validate_ttl(ttl)
+        self.check()
+        grant = self._grant
+        assert grant is not None
+        # Settled: a renewal in flight must not land after ours (it would cut the
+        # ticket's lease short) nor after the claim (it would report the lock lost).
+        _renewer.remove(self, settle=True)
+        _registry.remove(self)
+        if ttl is None:
+            return grant
+        return dataclasses.replace(grant, request=dataclasses.replace(grant.request, ttl=ttl))
+
+    def _handoff_failed(self) -> None:
+        """The renewal of a hand-off raised: the lock is still ours, renewed as before."""
+        assert self._grant is not None
+        _registry.add(self)
+        _renewer.add(self, self._grant.request.ttl)
+
+    def _handed(self, renewed: Grant, ok: bool) -> str:
+        """Finish a hand-off whose renewal answered ``ok``: return the ticket, or raise LockLost."""
+        if not ok:
+            self._mark_lost("its holder record was gone or expired at hand-off")
+            self.check()
+        from .handoff import Ticket  # handoff.py builds on this module
+
+        original = self._grant
+        assert original is not None
+        ticket = Ticket.of(renewed, ttl=original.request.ttl, checkpoint=self._checkpoint)
+        self._grant = None
+        self._handed_off = True
+        logger.debug("handed off %r for %gs", self, renewed.request.ttl)
+        return ticket.encode()
 
     def _renewed(self, started: float) -> None:
         if self._grant is not None:
@@ -290,7 +347,7 @@ class Lock(BaseLock, contextlib.ContextDecorator):
         grant = self._grant
         if grant is None:
             return
-        was_lost, already_signalled = self._letting_go()
+        was_lost, already_signalled = self._letting_go(settle=True)
         try:
             still_held = self.backend.release(grant)
         finally:
@@ -306,7 +363,25 @@ class Lock(BaseLock, contextlib.ContextDecorator):
         if not self.backend.renew(self._grant, checkpoint=checkpoint):
             self._mark_lost("its holder record was gone at checkpoint")
             self.check()
+        self._checkpoint = checkpoint
         self._renewed(started)
+
+    def handoff(self, ttl: float | None = None) -> str:
+        """Give the lock to whoever claims the returned ticket with :func:`~django_esdlock.resume_lock`.
+
+        The lease is set to ``ttl`` seconds from now (default: the lock's TTL)
+        and nobody renews it until the ticket is claimed: that is how long the
+        ticket stays valid. This lock stops renewing, and its release (or the
+        end of its ``with`` block) no longer gives the lock back. Raise
+        LockLost if the lock was already lost.
+        """
+        renewed = self._handoff_start(ttl)
+        try:
+            ok = self.backend.renew(renewed)
+        except BaseException:
+            self._handoff_failed()
+            raise
+        return self._handed(renewed, ok)
 
     @classmethod
     def adopt(cls, grant: Grant, backend: BaseLockBackend, *, started: float) -> Lock:
@@ -411,12 +486,14 @@ class _Renewer:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._due: dict[BaseLock, float] = {}
+        self._renewing: BaseLock | None = None
         self._thread: threading.Thread | None = None
         os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
         self._cond = threading.Condition()
         self._due = {}
+        self._renewing = None
         self._thread = None
 
     FIRST_RENEWAL = 1.0
@@ -430,23 +507,33 @@ class _Renewer:
                 self._thread.start()
             self._cond.notify()
 
-    def remove(self, lock: BaseLock) -> None:
+    SETTLE_TIMEOUT = 60.0
+    """Longest wait in ``remove(settle=True)`` for a renewal in flight (requests have their own timeouts)."""
+
+    def remove(self, lock: BaseLock, *, settle: bool = False) -> None:
+        """Stop renewing ``lock``; with ``settle``, also wait until a renewal of it in flight has ended."""
         with self._cond:
             self._due.pop(lock, None)
+            if settle and threading.current_thread() is not self._thread:
+                self._cond.wait_for(lambda: self._renewing is not lock, timeout=self.SETTLE_TIMEOUT)
+                self._due.pop(lock, None)  # the renewal that ended may have rescheduled it
 
     def _run(self) -> None:
         while True:
             with self._cond:
+                self._renewing = None
+                self._cond.notify_all()
                 now = time.monotonic()
-                due = [lock for lock, at in self._due.items() if at <= now]
-                if not due:
+                # One lock at a time, picked under the condition: a lock removed
+                # meanwhile is never renewed after remove() returned.
+                lock = next((lock for lock, at in self._due.items() if at <= now), None)
+                if lock is None:
                     wait = min(self._due.values(), default=now + 60) - now
                     self._cond.wait(timeout=max(wait, 0.001))
                     continue
-                for lock in due:
-                    self._due.pop(lock)
-            for lock in due:
-                self._renew(lock)
+                del self._due[lock]
+                self._renewing = lock
+            self._renew(lock)
 
     def _renew(self, lock: BaseLock) -> None:
         grant = lock.grant

@@ -151,15 +151,18 @@ class BaseLockBackend(abc.ABC):
         owner: Owner,
         *,
         ttl: float,
-        recovery: dict[str, Any],
+        recovery: dict[str, Any] | None,
         require_expired: bool = True,
+        require_live: bool = False,
     ) -> Grant | None:
         """Hand one holder's records to ``owner`` with a fresh lease and a new fencing token.
 
         Take the arbiter record (the holder's S or X node) first, and only if
         it still has the owner it was read with and, with ``require_expired``,
-        its lease ran out: of several callers exactly one wins. Keep intent
-        and checkpoint; record ``recovery``. Return the grant, or None.
+        its lease ran out (a reaper's takeover) or, with ``require_live``, its
+        lease still runs (a hand-off's claim): of several callers exactly one
+        wins. Keep intent and checkpoint; record ``recovery`` (None: none).
+        Return the grant, or None.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot take a holder over")
 
@@ -195,6 +198,28 @@ class BaseLockBackend(abc.ABC):
         """Async :meth:`renew`."""
         return await asyncio.to_thread(functools.partial(self.renew, grant, checkpoint=checkpoint, recovery=recovery))
 
+    async def atake_over(
+        self,
+        records: Sequence[HolderRecord],
+        owner: Owner,
+        *,
+        ttl: float,
+        recovery: dict[str, Any] | None,
+        require_expired: bool = True,
+        require_live: bool = False,
+    ) -> Grant | None:
+        """Async :meth:`take_over`."""
+        call = functools.partial(
+            self.take_over,
+            records,
+            owner,
+            ttl=ttl,
+            recovery=recovery,
+            require_expired=require_expired,
+            require_live=require_live,
+        )
+        return await asyncio.to_thread(call)
+
     async def awithdraw(self, request: LockRequest) -> None:
         """Async :meth:`withdraw`."""
         await asyncio.to_thread(self.withdraw, request)
@@ -222,11 +247,18 @@ class BaseLockBackend(abc.ABC):
 
 
 def takeover_request(
-    records: Sequence[HolderRecord], owner: Owner, ttl: float
+    records: Sequence[HolderRecord],
+    owner: Owner,
+    ttl: float,
+    *,
+    require_expired: bool = False,
+    require_live: bool = False,
 ) -> tuple[list[HolderRecord], HolderRecord, LockRequest]:
     """Return a holder's records in node order, its arbiter record and the request that takes it over."""
     records = sorted(records, key=lambda r: r.node.id)
     holder_ids = {r.holder_id for r in records}
+    if require_expired and require_live:
+        raise ValueError("take_over cannot require a lease both expired and live")
     if len(holder_ids) != 1:
         raise ValueError(f"take_over needs the records of exactly one holder, got {sorted(holder_ids)}")
     arbiter = main_record(records)

@@ -1027,16 +1027,20 @@ class ElasticsearchLockBackend(BaseLockBackend):
         owner: Owner,
         *,
         ttl: float,
-        recovery: dict[str, Any],
+        recovery: dict[str, Any] | None,
         require_expired: bool = True,
+        require_live: bool = False,
     ) -> Grant | None:
-        records, arbiter, request = takeover_request(records, owner, ttl)
+        records, arbiter, request = takeover_request(
+            records, owner, ttl, require_expired=require_expired, require_live=require_live
+        )
         params = {
             "holder_id": arbiter.holder_id,
             "owner": owner.as_dict(),
             "ttl_ms": request.ttl_ms,
             "recovery": recovery,
             "require_expired": require_expired,
+            "require_live": require_live,
         }
 
         def operations(batch: Sequence[HolderRecord], expected_owner_key: str | None) -> list[dict[str, Any]]:

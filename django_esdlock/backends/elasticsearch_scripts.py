@@ -321,9 +321,10 @@ if (kept.size() == ctx._source.holders.size() && waiters.size() == before) {
 TAKE_OVER = """
 // Hand holder params.holder_id to params.owner with a fresh lease and the
 // recovery state params.recovery; intent and checkpoint stay. With
-// params.expected_owner_key set (the arbiter node, taken first) only an
-// expired holder still owned by that key qualifies, so of two reapers racing
-// exactly one wins; a no-op otherwise.
+// params.expected_owner_key set (the arbiter node, taken first) only a holder
+// still owned by that key qualifies, and with params.require_expired only an
+// expired one (a reaper's), with params.require_live only a live one (a
+// hand-off's claim): of two callers racing exactly one wins; a no-op otherwise.
 long now = ctx._now;
 List kept = new ArrayList();
 boolean taken = false;
@@ -331,7 +332,8 @@ for (def h : ctx._source.holders) {
   long expiresAt = h.expires_at;
   boolean qualifies = h.id == params.holder_id;
   if (qualifies && params.expected_owner_key != null) {
-    qualifies = h.owner.key == params.expected_owner_key && (expiresAt <= now || !params.require_expired);
+    qualifies = h.owner.key == params.expected_owner_key && (expiresAt <= now || !params.require_expired)
+      && (expiresAt > now || !params.require_live);
   }
   if (qualifies) {
     Map copy = new HashMap();

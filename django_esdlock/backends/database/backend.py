@@ -431,12 +431,15 @@ class DatabaseLockBackend(BaseLockBackend):
         owner: Owner,
         *,
         ttl: float,
-        recovery: dict[str, Any],
+        recovery: dict[str, Any] | None,
         require_expired: bool = True,
+        require_live: bool = False,
     ) -> Grant | None:
-        records, arbiter, request = takeover_request(records, owner, ttl)
+        records, arbiter, request = takeover_request(
+            records, owner, ttl, require_expired=require_expired, require_live=require_live
+        )
         ids = [r.node.id for r in records]
-        params = takeover_params(arbiter, owner, json_text(recovery), request.ttl_ms, require_expired)
+        params = takeover_params(arbiter, owner, json_text(recovery), request.ttl_ms, require_expired, require_live)
         outcome = self._run(
             "take a holder over",
             functools.partial(self.dialect.take_over, ids=ids, params=params),

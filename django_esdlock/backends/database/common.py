@@ -179,13 +179,14 @@ def node_row(node: Node) -> tuple[str, str, str, str, str, int]:
 
 
 def takeover_params(
-    arbiter: HolderRecord, owner: Owner, recovery: str | None, ttl_ms: int, require_expired: bool
+    arbiter: HolderRecord, owner: Owner, recovery: str | None, ttl_ms: int, require_expired: bool, require_live: bool
 ) -> dict[str, Any]:
     return {
         "arbiter": arbiter.node.id,
         "holder_id": arbiter.holder_id,
         "expected_owner_key": arbiter.owner.get("key"),
         "require_expired": require_expired,
+        "require_live": require_live,
         "owner": json_text(owner.as_dict()),
         "owner_key": owner.key,
         "recovery": recovery,

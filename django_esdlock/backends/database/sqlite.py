@@ -147,6 +147,7 @@ SELECT 1 FROM esdlock_holder
 WHERE node_id = %(arbiter)s AND holder_id = %(holder_id)s
   AND (%(expected_owner_key)s IS NULL OR owner_key = %(expected_owner_key)s)
   AND (expires_at <= %(now)s OR NOT %(require_expired)s)
+  AND (expires_at > %(now)s OR NOT %(require_live)s)
 """
     TAKE_OVER_TAKEN = f"SELECT node_id FROM esdlock_holder WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s"
     TAKE_OVER = f"""

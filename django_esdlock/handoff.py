@@ -1,0 +1,228 @@
+"""Hand a held lock to another process: ``ticket = lock.handoff()`` there, ``with resume_lock(ticket):`` here.
+
+A view takes the lock at once (the user sees it locked), hands it off and
+enqueues a task with the ticket; the worker claims it. The claim is one
+conditional takeover in the store (``take_over(..., require_live=True)``):
+it succeeds only while the lease the hand-off set still runs and the holder
+still has the owner that handed it off, so of two claims (a task delivered
+twice) exactly one wins, and a claim after the lease ran out fails with
+LockLost. The claimant becomes the holder under a new fencing token, larger
+than the handing process's, with the same holder id, intent and checkpoint;
+the handing process's late writes are fenced off.
+
+Nobody renews the lease between the hand-off and the claim: a ticket stays
+valid for ``handoff(ttl=...)`` seconds by the store's clock. An unclaimed
+ticket is an expired holder like any other: without an intent the next
+acquisition (or ``reap_locks``) evicts it, with one the reaper recovers it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from django.core import signing
+
+from .aio import AsyncLock, _shielded
+from .backends.base import BaseLockBackend
+from .exceptions import InvalidLockArgument, LockLost
+from .locks import Lock, logger
+from .modes import Mode
+from .records import Grant, HolderRecord, Kind, Node, Owner
+
+SALT = "django_esdlock.handoff"
+"""Signing salt of tickets: a ticket is signed with SECRET_KEY, so a forged or altered one is refused."""
+
+_NEVER = datetime.datetime.fromtimestamp(0, tz=datetime.timezone.utc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ticket:
+    """What a claimant needs to take a handed-off holder over; travels as a signed string."""
+
+    holder_id: str
+    owner_key: str
+    """The owner that handed it off: the claim succeeds only while the holder still has it."""
+    targets: tuple[tuple[Node, Mode], ...]
+    token: int
+    """The fencing token of the handing process: the claimant's is larger."""
+    ttl: float
+    """The lease the claimant renews (the handed-off lock's TTL), not the ticket's validity."""
+    intent: Mapping[str, Any] | None = None
+    checkpoint: Mapping[str, Any] | None = None
+    reentrant: bool = False
+
+    @classmethod
+    def of(cls, grant: Grant, *, ttl: float, checkpoint: Mapping[str, Any] | None) -> Ticket:
+        """Return the ticket of a grant (only the nodes it took: a document lock's reentrant ids are not its)."""
+        request = grant.request
+        modes = dict(request.targets)
+        return cls(
+            holder_id=request.holder_id,
+            owner_key=request.owner.key,
+            targets=tuple((node, modes[node]) for node in grant.taken),
+            token=grant.token,
+            ttl=ttl,
+            intent=request.intent,
+            checkpoint=checkpoint,
+            reentrant=request.reentrant,
+        )
+
+    def encode(self) -> str:
+        """Return the ticket as a compact signed string, safe in task arguments (JSON, pickle, URLs)."""
+        data = {
+            "h": self.holder_id,
+            "o": self.owner_key,
+            "n": [[node.namespace, node.kind.value, node.key, mode.value] for node, mode in self.targets],
+            "k": self.token,
+            "l": self.ttl,
+            "i": self.intent,
+            "c": self.checkpoint,
+            "r": self.reentrant,
+        }
+        return signing.dumps(data, salt=SALT, compress=True)
+
+    @classmethod
+    def decode(cls, text: str) -> Ticket:
+        """Return the ticket ``text`` encodes; raise InvalidLockArgument if it is not one of ours."""
+        if not isinstance(text, str):
+            raise InvalidLockArgument(f"a lock ticket is a str, not {type(text).__name__}")
+        try:
+            data = signing.loads(text, salt=SALT)
+            return cls(
+                holder_id=data["h"],
+                owner_key=data["o"],
+                targets=tuple((Node(ns, Kind(kind), key), Mode(mode)) for ns, kind, key, mode in data["n"]),
+                token=data["k"],
+                ttl=data["l"],
+                intent=data["i"],
+                checkpoint=data["c"],
+                reentrant=data["r"],
+            )
+        except (signing.BadSignature, KeyError, TypeError, ValueError) as e:
+            raise InvalidLockArgument(f"not a lock ticket, or not signed with this SECRET_KEY: {e}") from e
+
+    def records(self) -> list[HolderRecord]:
+        """The holder as ``take_over`` is given it: its nodes, id, handing owner and intent."""
+        return [
+            HolderRecord(
+                node=node,
+                mode=mode,
+                holder_id=self.holder_id,
+                owner={"key": self.owner_key},
+                token=self.token,
+                acquired_at=None,
+                expires_at=_NEVER,  # not read: the store judges the lease
+                intent=self.intent,
+                checkpoint=self.checkpoint,
+            )
+            for node, mode in self.targets
+        ]
+
+
+class _Resumed:
+    """What ResumedLock and AsyncResumedLock share: acquiring is claiming the ticket."""
+
+    ticket: Ticket
+
+    def _claim_args(self) -> dict[str, Any]:
+        if self._grant is not None:  # type: ignore[attr-defined]
+            raise RuntimeError(f"{self!r} is already acquired; create a new lock object")
+        return {
+            "records": self.ticket.records(),
+            "owner": Owner.current(),
+            "ttl": self.ttl,  # type: ignore[attr-defined]
+            "recovery": None,
+            "require_expired": False,
+            "require_live": True,
+        }
+
+    def _claimed(self, grant: Grant | None) -> Grant:
+        """Check a claim's outcome: the grant of every node of the ticket, else LockLost."""
+        holder = f"holder {self.ticket.holder_id} of {self.ticket.targets[-1][0]}"
+        if grant is None:
+            raise LockLost(
+                f"the ticket of {holder} could not be claimed: its lease ran out before the claim "
+                "(see handoff(ttl=...)), or another claim won"
+            )
+        missing = {node for node, _ in self.ticket.targets} - set(grant.taken)
+        if missing:
+            # Part of the holder was evicted meanwhile: it protects nothing now. What was
+            # claimed is left to its lease (an intent on it goes to the reaper), not released.
+            raise LockLost(f"the ticket of {holder} was claimed without {sorted(map(str, missing))}")
+        return grant
+
+
+class ResumedLock(_Resumed, Lock):
+    """The lock a ticket hands over: acquiring it claims the ticket, never waits; the rest is a Lock's."""
+
+    def __init__(self, ticket: Ticket, *, ttl: float | None = None, backend: BaseLockBackend | None = None) -> None:
+        super().__init__(
+            ticket.targets,
+            timeout=0,
+            ttl=ticket.ttl if ttl is None else ttl,
+            intent=ticket.intent,
+            reentrant=ticket.reentrant,
+            backend=backend,
+        )
+        self.ticket = ticket
+        self._checkpoint = dict(ticket.checkpoint) if ticket.checkpoint is not None else None
+
+    def _recreate_cm(self) -> ResumedLock:
+        return type(self)(self.ticket, ttl=self.ttl, backend=self._backend)
+
+    def acquire(self) -> ResumedLock:
+        """Become the holder the ticket names; raise LockLost if it cannot be claimed."""
+        args = self._claim_args()
+        backend = self.backend
+        started = time.monotonic()
+        self._hold(self._claimed(backend.take_over(**args)), started)
+        logger.debug("resumed %r from a ticket of token %s", self, self.ticket.token)
+        return self
+
+
+class AsyncResumedLock(_Resumed, AsyncLock):
+    """Async :class:`ResumedLock`: ``async with aresume_lock(ticket)``."""
+
+    def __init__(self, ticket: Ticket, *, ttl: float | None = None, backend: BaseLockBackend | None = None) -> None:
+        super().__init__(
+            ticket.targets,
+            timeout=0,
+            ttl=ticket.ttl if ttl is None else ttl,
+            intent=ticket.intent,
+            reentrant=ticket.reentrant,
+            backend=backend,
+        )
+        self.ticket = ticket
+        self._checkpoint = dict(ticket.checkpoint) if ticket.checkpoint is not None else None
+
+    def _recreate_cm(self) -> AsyncResumedLock:
+        return type(self)(self.ticket, ttl=self.ttl, backend=self._backend)
+
+    async def acquire(self) -> AsyncResumedLock:
+        """Become the holder the ticket names; raise LockLost if it cannot be claimed."""
+        args = self._claim_args()
+        backend = self.backend
+        started = time.monotonic()
+        # Shielded: a claim cancelled halfway would leave a holder nobody renews or releases.
+        grant = await _shielded(backend.atake_over(**args))
+        self._hold(self._claimed(grant), started)
+        return self
+
+
+def resume_lock(ticket: str, *, ttl: float | None = None, backend: BaseLockBackend | None = None) -> ResumedLock:
+    """Return the lock ``ticket`` hands over; entering it (or ``acquire()``) claims it.
+
+    ``ttl`` is the lease the claimant renews (default: the handed-off lock's).
+    The claim never waits: it raises LockLost if the ticket's lease ran out or
+    another claim won.
+    """
+    return ResumedLock(Ticket.decode(ticket), ttl=ttl, backend=backend)
+
+
+def aresume_lock(ticket: str, *, ttl: float | None = None, backend: BaseLockBackend | None = None) -> AsyncResumedLock:
+    """Async :func:`resume_lock`: ``async with aresume_lock(ticket) as lock``."""
+    return AsyncResumedLock(Ticket.decode(ticket), ttl=ttl, backend=backend)
