@@ -8,8 +8,12 @@ from django_esdlock import locked
 
 try:
     from django.tasks import task  # Django 6
+
+    IMMEDIATE_BACKEND = "django.tasks.backends.immediate.ImmediateBackend"
 except ImportError:
     from django_tasks import task
+
+    IMMEDIATE_BACKEND = "django_tasks.backends.immediate.ImmediateBackend"
 
 from .stress import LEAVES, leaves_under
 

@@ -184,7 +184,7 @@ def test_locked_django_task_fails_with_the_lock_exception(lock_config, backend, 
     locked_tasks.SHARED.update(
         counters=[0] * len(LEAVES), last_tokens=[0] * len(LEAVES), violations=type("V", (), {"value": 0})()
     )
-    with override_settings(TASKS={"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"}}):
+    with override_settings(TASKS={"default": {"BACKEND": locked_tasks.IMMEDIATE_BACKEND}}):
         result = locked_tasks.bump.enqueue("/r/a")
         assert result.status == "SUCCESSFUL" and result.return_value > 0
         peer.acquire("held", scheme="tree", path="/r", namespace="tasks")
