@@ -19,7 +19,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def expected_keys(store: str) -> set[str]:
-    baselines = ("raw", "naive") if store == "elasticsearch" else ("row", "advisory")
+    baselines = {"elasticsearch": ("raw", "naive"), "postgres": ("row", "advisory"), "sqlite": ("row",)}[store]
     return {
         *(f"{store}.pair.d{d}.vs_{b}" for d in DEPTHS for b in baselines),
         *(f"{store}.requests.d{d}" for d in DEPTHS),
@@ -33,6 +33,9 @@ def expected_keys(store: str) -> set[str]:
         f"{store}.writer_wait",
         f"{store}.reap",
         f"{store}.admin_changelist",
+        f"{store}.async.pair",
+        f"{store}.async.tasks",
+        f"{store}.async.wakeup.p50",
     }
 
 
@@ -71,6 +74,25 @@ def test_quick_run_reports_every_figure_next_to_its_baseline(es_url, tmp_path):
     assert figures["elasticsearch.admin_changelist"]["extra"]["paged"] is True
     if HAS_MATPLOTLIB:
         assert png.read_bytes().startswith(PNG_SIGNATURE)
+    # The async figures: many tasks held against one, with the goal on the stores with native async I/O.
+    for store in ("elasticsearch", "postgres"):
+        tasks = figures[f"{store}.async.tasks"]
+        assert tasks["goal"] == "≥ 5x" and tasks["met"] in (True, False) and tasks["extra"]["tasks"] == 100
+        assert tasks["baseline"] == figures[f"{store}.async.pair"]["value"]
+
+
+@pytest.mark.usefixtures("_lock_connections")
+def test_sqlite_is_measured_when_named(tmp_path):
+    out = io.StringIO()
+    args = ["--backend", "sqlite", "--quick", "--json", "--workers", "2", "--depth", ",".join(map(str, DEPTHS))]
+    call_command("lock_bench", *args, "--tasks", "20", stdout=out, stderr=io.StringIO())
+    report = json.loads(out.getvalue())
+    assert report["errors"] == []
+    figures = {f["key"]: f for f in report["figures"]}
+    assert set(figures) == expected_keys("sqlite")
+    assert figures["sqlite.reap"]["extra"]["evicted"] == report["options"]["reap_count"]
+    assert figures["sqlite.async.tasks"]["goal"] is None and figures["sqlite.async.tasks"]["extra"]["tasks"] == 20
+    assert report["facts"]["sqlite"]["journal_mode"] == "wal"
 
 
 @pytest.mark.usefixtures("_lock_connections")

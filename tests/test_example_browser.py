@@ -24,7 +24,7 @@ def fs(es_url):
 def submit_rename(page, path: str, to: str) -> None:
     row = page.locator(f'tr[data-path="{path}"]')
     row.locator("input[name=to]").fill(to)
-    row.get_by_role("button", name="Rename").click()
+    row.get_by_role("button", name="Rename", exact=True).click()
 
 
 @pytest.mark.django_db(transaction=True)

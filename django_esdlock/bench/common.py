@@ -229,4 +229,7 @@ def format_facts(facts: Mapping[str, Any]) -> str:
             f"PostgreSQL {str(pg.get('server_version', '')).split()[0]} fsync={pg.get('fsync')} "
             f"synchronous_commit={pg.get('synchronous_commit')}"
         )
+    if "sqlite" in facts:
+        lite = facts["sqlite"]
+        parts.append(f"SQLite {lite.get('sqlite_version')} journal_mode={lite.get('journal_mode')}")
     return "; ".join(parts)

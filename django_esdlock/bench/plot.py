@@ -14,7 +14,7 @@ from .suite import Report
 COLORS = {"lock": "#1f77b4", "base1": "#9e9e9e", "base2": "#ff7f0e", "good": "#2ca02c", "bad": "#d62728"}
 TIMES = "\N{MULTIPLICATION SIGN}"  # the chart may use typography the plain-text table avoids
 SHORT_BASELINES = {"raw": "raw pair", "naive": "naive sequence", "row": "1-row pair", "advisory": "advisory pair"}
-STORE_TITLES = {"elasticsearch": "Elasticsearch", "postgres": "PostgreSQL"}
+STORE_TITLES = {"elasticsearch": "Elasticsearch", "postgres": "PostgreSQL", "sqlite": "SQLite"}
 
 
 def plot(report: Report, path: str) -> None:

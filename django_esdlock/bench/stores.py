@@ -1,9 +1,11 @@
-"""Throwaway stores for a benchmark run: an Elasticsearch index, a PostgreSQL database, a local noida-db."""
+"""Throwaway stores for a benchmark run: an Elasticsearch index, a PostgreSQL database, a SQLite file."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import urllib.parse
 import urllib.request
 import uuid
@@ -78,3 +80,14 @@ def postgres_store(url: str | None) -> Iterator[dict[str, Any]]:
     """
     with postgres_database(url or os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL) as database:
         yield made_tables({"BACKEND": DATABASE_BACKEND, "OPTIONS": {"url": database}, "TTL": BENCH_TTL})
+
+
+@contextlib.contextmanager
+def sqlite_store() -> Iterator[dict[str, Any]]:
+    """Yield a lock config on a fresh SQLite file in a temporary folder (lock tables made); remove it after."""
+    directory = tempfile.mkdtemp(prefix="esdlock-bench-")
+    try:
+        url = f"sqlite:///{directory}/locks.sqlite3"  # four slashes: an absolute path
+        yield made_tables({"BACKEND": DATABASE_BACKEND, "OPTIONS": {"url": url}, "TTL": BENCH_TTL})
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

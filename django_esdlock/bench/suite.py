@@ -13,15 +13,18 @@ from typing import Any
 from django.conf import settings
 
 from ..noida import elasticsearch_url
-from . import scenarios
+from . import aio, scenarios
 from .admin import changelist
 from .common import Figure
 from .kit import StoreKit
 from .peers import redis_lock, tooz_postgres
-from .stores import elasticsearch_store, postgres_store
+from .stores import elasticsearch_store, postgres_store, sqlite_store
 from .workers import WorkerPool
 
 STORES = ("elasticsearch", "postgres")
+"""The stores of ``--backend all``: the production targets."""
+OTHER_STORES = ("sqlite",)
+"""Stores measured only when named: SQLite, the zero-setup embedded default."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,8 @@ class Options:
     database_url: str | None = None
     peers: bool = False
     """Also measure the peer locks of ``bench.peers`` (PostgreSQL runs only)."""
+    tasks: int = 100
+    """Tasks of one process in the async many-task figure."""
 
     @property
     def churners(self) -> int:
@@ -77,6 +82,15 @@ def _kit(store: str, options: Options) -> Iterator[StoreKit]:
                 yield kit
             finally:
                 kit.close()
+    elif store == "sqlite":
+        from .sqlite import SqliteKit
+
+        with sqlite_store() as config:
+            kit = SqliteKit(config)
+            try:
+                yield kit
+            finally:
+                kit.close()
     else:
         from .postgres import PostgresKit
 
@@ -103,6 +117,8 @@ def _stages(
         "writer_wait": lambda: scenarios.writer_wait(kit, pool, o.churners, o.seconds, say),
         "reap": lambda: scenarios.reaping(kit, o.reap_count, say),
         "admin": lambda: changelist(kit, o.admin_count, say),
+        "async_pairs": lambda: aio.pairs(kit, o.tasks, o.seconds, say),
+        "async_wakeup": lambda: aio.wakeup(kit, pool, o.wake_rounds, say),
     }
 
 

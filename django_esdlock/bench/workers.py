@@ -1,4 +1,4 @@
-"""Worker processes for the multi-process figures: contention, writer wait and wake-up latency.
+"""Worker processes for the multi-process figures: contention, writer wait and wake-up latency (blocking, async).
 
 Workers are spawned (not forked) once per run and take one task at a time
 over a pipe, so that each figure does not pay for starting Django again.
@@ -143,12 +143,34 @@ def wake(backend: Any, conn: Connection, *, path: str, namespace: str) -> int:
     return rounds
 
 
+def hold(backend: Any, conn: Connection, *, path: str, namespace: str) -> int:
+    """Each round: on "go", take X on ``path`` and say "held"; on "release", release it and send when that began.
+
+    The time is read just before ``release()``, so that a waiter elsewhere
+    measures its wake-up from the start of the release. Ends on "stop";
+    returns the number of rounds.
+    """
+    from ..locks import lock_tree
+
+    rounds = 0
+    while conn.recv() == "go":
+        lock = lock_tree(path, namespace=namespace, timeout=None, backend=backend).acquire()
+        conn.send("held")
+        conn.recv()  # "release"
+        released = time.monotonic()
+        lock.release()
+        conn.send(released)
+        rounds += 1
+    return rounds
+
+
 TASKS: dict[str, Callable[..., Any]] = {
     "contend": contend,
     "contend_global": contend_global,
     "contend_peer": contend_peer,
     "churn": churn,
     "wake": wake,
+    "hold": hold,
 }
 
 

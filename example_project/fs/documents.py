@@ -139,6 +139,34 @@ def subtree_query(top: str) -> dict[str, Any]:
     }
 
 
+def at_search(path: str) -> dict[str, Any]:
+    """Return the search arguments that find the entry at ``path`` (read back with :func:`entry_at`)."""
+    return {"query": {"term": {"path": path}}, "size": 2, "seq_no_primary_term": True}
+
+
+def entry_at(response: Mapping[str, Any]) -> Entry | None:
+    found = response["hits"]["hits"]
+    return Entry.from_hit(found[0]) if found else None
+
+
+def walk_page(
+    top: str, cursor: list[Any] | None, batch_size: int, fields: list[str] | None, versions: bool
+) -> dict[str, Any]:
+    """Return the search arguments of a page of :meth:`FsIndex.walk`: ``top``'s subtree by path, after ``cursor``."""
+    body: dict[str, Any] = {
+        "query": subtree_query(top),
+        "sort": [{"path": "asc"}],
+        "size": batch_size,
+        "track_total_hits": False,
+        "seq_no_primary_term": versions,
+    }
+    if fields is not None:
+        body["source_includes"] = fields
+    if cursor is not None:
+        body["search_after"] = cursor
+    return body
+
+
 class FsIndex:
     """The file system index ``name`` on the cluster of ``client``; created on first use."""
 
@@ -202,9 +230,7 @@ class FsIndex:
         if path == ROOT:
             return Entry(id="", path=ROOT, parent=ROOT, name="", kind=DIR, size=0, token=0)
         self.ensure()
-        hits = self.client.search(index=self.name, query={"term": {"path": path}}, size=2, seq_no_primary_term=True)
-        found = hits["hits"]["hits"]
-        return Entry.from_hit(found[0]) if found else None
+        return entry_at(self.client.search(index=self.name, **at_search(path)))
 
     def children(self, directory: str, *, limit: int = 500) -> list[Entry]:
         """Return the entries directly in ``directory``: directories first, then by name."""
@@ -276,18 +302,8 @@ class FsIndex:
         self.ensure()
         cursor = [after] if after is not None else None
         while True:
-            body: dict[str, Any] = {
-                "query": subtree_query(top),
-                "sort": [{"path": "asc"}],
-                "size": batch_size,
-                "track_total_hits": False,
-                "seq_no_primary_term": versions,
-            }
-            if fields is not None:
-                body["source_includes"] = fields
-            if cursor is not None:
-                body["search_after"] = cursor
-            hits = self.client.search(index=self.name, **body)["hits"]["hits"]
+            page = self.client.search(index=self.name, **walk_page(top, cursor, batch_size, fields, versions))
+            hits = page["hits"]["hits"]
             if not hits:
                 return
             yield [Entry.from_hit(h) for h in hits]

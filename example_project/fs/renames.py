@@ -7,13 +7,13 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django_esdlock import Lock, lock_tree
 from django_esdlock.backends.base import BaseLockBackend
 
-from .documents import ROOT, FsIndex, clean_path, is_within, join, name_of, parent_of
+from .documents import ROOT, Entry, FsIndex, clean_path, is_within, join, name_of, parent_of
 
 logger = logging.getLogger("example_project.fs")
 
@@ -111,27 +111,94 @@ def check_rename(src: str, dst: str) -> None:
         raise AlreadyExists(f"{dst} exists: it is a directory above {src}")
 
 
+def check_found(
+    src: str, dst: str, entry: Entry | None, existing: Entry | None, target: Entry | None, *, expect_id: str | None
+) -> None:
+    """Raise unless, as read under the locks, ``src`` is there (document ``expect_id`` if given), ``dst`` is not,
+    and ``target`` (what is at ``dst``'s parent) is a directory: SourceMoved, NotFound or AlreadyExists.
+    """
+    if expect_id is not None and (entry is None or entry.id != expect_id):
+        raise SourceMoved(f"document {expect_id} is no longer at {src}")
+    if entry is None:
+        raise NotFound(f"{src} does not exist")
+    if existing is not None:
+        raise AlreadyExists(f"{dst} already exists")
+    if target is None or not target.is_dir:
+        raise NotFound(f"there is no directory {parent_of(dst)} to move {name_of(src)} into")
+
+
+def rename_intent(index_name: str, src: str, dst: str) -> dict[str, Any]:
+    """Return the intent both locks of a rename carry (the ``role`` is added per lock): what recovery finishes."""
+    return {"op": "rename", "rename": uuid.uuid4().hex, "index": index_name, "src": src, "dst": dst}
+
+
 def lock_order(path: str) -> list[str]:
     """Sort key for taking several tree locks: by segments, so every process takes them in one order."""
     return path.split("/")
 
 
-def _update_batch(index: FsIndex, updates: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Run one scripted update per (document id, script, params) in one ``_bulk``; return the item bodies.
+def bulk_operations(index_name: str, updates: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Return the ``_bulk`` body of one scripted update per (document id, script, params).
 
     Each item reads back the document's path and token, so that a ``noop``
     can be told apart: refused as stale, or already done.
     """
     operations: list[dict[str, Any]] = []
     for doc_id, script, params in updates:
-        header = {"_index": index.name, "_id": doc_id, "retry_on_conflict": RETRY_ON_CONFLICT}
+        header = {"_index": index_name, "_id": doc_id, "retry_on_conflict": RETRY_ON_CONFLICT}
         operations.append({"update": {**header, "_source": {"includes": ["path", "token"]}}})
         operations.append({"script": {"source": script, "lang": "painless", "params": params}})
-    bodies = [item["update"] for item in index.client.bulk(operations=operations)["items"]]
+    return operations
+
+
+def bulk_bodies(updates: list[tuple[str, str, dict[str, Any]]], response: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Return the item bodies of the ``_bulk`` answer to :func:`bulk_operations`; raise MoveFailed on an error."""
+    bodies = [item["update"] for item in response["items"]]
     for (doc_id, _, _), body in zip(updates, bodies, strict=True):
         if body.get("error"):
             raise MoveFailed(f"updating document {doc_id} failed: {body['error'].get('reason', body['error'])}")
     return bodies
+
+
+def _update_batch(index: FsIndex, updates: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Run one scripted update per (document id, script, params) in one ``_bulk``; return the item bodies."""
+    return bulk_bodies(updates, index.client.bulk(operations=bulk_operations(index.name, updates)))
+
+
+def move_updates(batch: list[Entry], src: str, dst: str, token: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """Return the :data:`MOVE_SCRIPT` updates that move ``batch`` (entries of ``src``'s subtree) under ``dst``."""
+    updates = []
+    for entry in batch:
+        new_path = dst + entry.path[len(src) :]
+        params = {
+            "token": token,
+            "from": entry.path,
+            "to": new_path,
+            "parent": parent_of(new_path),
+            "name": name_of(new_path),
+        }
+        updates.append((entry.id, MOVE_SCRIPT, params))
+    return updates
+
+
+def count_moved(bodies: list[dict[str, Any]], token: int) -> int:
+    """Return how many of a move batch's item bodies moved their document; raise StaleToken if any was refused."""
+    moved = 0
+    refused = []
+    for body in bodies:
+        if body.get("result") == "updated":
+            moved += 1
+        elif body.get("result") == "noop":
+            current = body.get("get", {}).get("_source", {})
+            if current.get("token", 0) > token:
+                refused.append(f"{current.get('path')} (token {current.get('token')})")
+            # else: no longer at the path read, already moved by an earlier run of this batch
+    if refused:
+        raise StaleToken(
+            f"the store refused {len(refused)} write(s) with token {token}: newer writes exist, "
+            f"e.g. {refused[0]}; this lock is stale (lost, or the lock store was reset)"
+        )
+    return moved
 
 
 def move_tree(
@@ -159,31 +226,7 @@ def move_tree(
     for batch in index.walk(src, after=after, batch_size=batch_size, fields=["path"]):
         if lock is not None:
             lock.check()
-        updates = []
-        for entry in batch:
-            new_path = dst + entry.path[len(src) :]
-            params = {
-                "token": token,
-                "from": entry.path,
-                "to": new_path,
-                "parent": parent_of(new_path),
-                "name": name_of(new_path),
-            }
-            updates.append((entry.id, MOVE_SCRIPT, params))
-        refused = []
-        for body in _update_batch(index, updates):
-            if body.get("result") == "updated":
-                moved += 1
-            elif body.get("result") == "noop":
-                current = body.get("get", {}).get("_source", {})
-                if current.get("token", 0) > token:
-                    refused.append(f"{current.get('path')} (token {current.get('token')})")
-                # else: no longer at the path read, already moved by an earlier run of this batch
-        if refused:
-            raise StaleToken(
-                f"the store refused {len(refused)} write(s) with token {token}: newer writes exist, "
-                f"e.g. {refused[0]}; this lock is stale (lost, or the lock store was reset)"
-            )
+        moved += count_moved(_update_batch(index, move_updates(batch, src, dst, token)), token)
         if lock is not None:
             lock.checkpoint({"moved": moved_before + moved, "after": batch[-1].path})
         if progress is not None:
@@ -241,7 +284,7 @@ def rename(
     check_rename(src, dst)
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
-    intent = {"op": "rename", "rename": uuid.uuid4().hex, "index": index.name, "src": src, "dst": dst}
+    intent = rename_intent(index.name, src, dst)
     with contextlib.ExitStack() as stack:
         locks: dict[str, Lock] = {}
         for role, path in sorted((("src", src), ("dst", dst)), key=lambda item: lock_order(item[1])):
@@ -257,15 +300,8 @@ def rename(
             locks[role] = stack.enter_context(lock)
         index.refresh()
         entry = index.at(src)
-        if expect_id is not None and (entry is None or entry.id != expect_id):
-            raise SourceMoved(f"document {expect_id} is no longer at {src}")
-        if entry is None:
-            raise NotFound(f"{src} does not exist")
-        if index.at(dst) is not None:
-            raise AlreadyExists(f"{dst} already exists")
-        target = index.at(parent_of(dst))
-        if target is None or not target.is_dir:
-            raise NotFound(f"there is no directory {parent_of(dst)} to move {name_of(src)} into")
+        check_found(src, dst, entry, index.at(dst), index.at(parent_of(dst)), expect_id=expect_id)
+        assert entry is not None
         total = index.count(src) if entry.is_dir else 1
         token = max(lock.token or 0 for lock in locks.values())
         try:

@@ -10,4 +10,5 @@ urlpatterns = [
     path("browse/<path:path>", views.browse, name="browse"),
     path("search/", views.search, name="search"),
     path("rename/", views.rename_view, name="rename"),
+    path("arename/", views.arename_view, name="arename"),
 ]

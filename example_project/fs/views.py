@@ -6,8 +6,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 from elasticsearch import ApiError, TransportError
@@ -15,10 +16,11 @@ from elasticsearch import ApiError, TransportError
 from django_esdlock import LockError, LockTimeout, LockUnavailable, get_backend
 from django_esdlock.exceptions import InvalidLockPath
 
+from .aio import arename
 from .documents import ROOT, clean_path, es_url, fs_index, is_within
 from .forms import RenameForm, lock_wait
 from .held import blockers, locks_around
-from .renames import RenameError, RenameInterrupted, rename
+from .renames import RenameError, RenameInterrupted, RenameResult, rename
 from .templatetags.fs_tags import browse_url
 
 LISTING_LIMIT = 500
@@ -32,15 +34,20 @@ def store_errors(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespons
         try:
             return view(request, *args, **kwargs)
         except (ApiError, TransportError, LockError) as e:
-            context = {
-                "error": f"{type(e).__name__}: {e}",
-                "es_url": es_url(),
-                "lock_store": get_backend().describe(),
-                "path": ROOT,
-            }
-            return render(request, "fs/unavailable.html", context, status=503)
+            return _unavailable(request, e)
 
     return wrapper
+
+
+def _unavailable(request: HttpRequest, error: Exception) -> HttpResponse:
+    """The 503 page naming the stores and the error."""
+    context = {
+        "error": f"{type(error).__name__}: {error}",
+        "es_url": es_url(),
+        "lock_store": get_backend().describe(),
+        "path": ROOT,
+    }
+    return render(request, "fs/unavailable.html", context, status=503)
 
 
 def _common(path: str, *, scope: str | None = None) -> dict[str, Any]:
@@ -99,53 +106,117 @@ def search(request: HttpRequest) -> HttpResponse:
     return render(request, "fs/search.html", {**_common(within), "q": text, "hits": hits, "results": results})
 
 
-@require_POST
-@store_errors
-def rename_view(request: HttpRequest) -> HttpResponse:
-    """Rename a file or directory under lock_tree; say how it went with a message, back on the page viewed."""
-    form = RenameForm(request.POST)
+def _rename_form(request: HttpRequest) -> tuple[RenameForm, str]:
+    """Return the bound rename form and the page to go back to (the root when ``next`` is not a path)."""
     try:
         viewing = clean_path(request.POST.get("next") or ROOT)
     except InvalidLockPath:
         viewing = ROOT
-    if not form.is_valid():
-        for errors in form.errors.values():
-            for error in errors:
-                messages.error(request, f"Not renamed: {error}")
-        return HttpResponseRedirect(browse_url(viewing))
-    src, dst, timeout = form.cleaned_data["src"], form.cleaned_data["dst"], form.cleaned_data["timeout"]
-    try:
-        result = rename(fs_index(), src, dst, timeout=timeout)
-    except LockTimeout:  # a LockUnavailable too: first
+    return RenameForm(request.POST), viewing
+
+
+def _report_invalid(request: HttpRequest, form: RenameForm) -> None:
+    for errors in form.errors.values():
+        for error in errors:
+            messages.error(request, f"Not renamed: {error}")
+
+
+def _report(
+    request: HttpRequest,
+    data: dict[str, Any],
+    viewing: str,
+    *,
+    result: RenameResult | None = None,
+    error: Exception | None = None,
+    held: str = "",
+    how: str = "",
+) -> HttpResponseRedirect:
+    """Say how a rename went with a message; redirect back to the page viewed (followed, if it was renamed).
+
+    ``held`` names who holds the locks, for a LockUnavailable ``error``;
+    ``how`` is added to the success message (which view did it).
+    """
+    src, dst, timeout = data["src"], data["dst"], data["timeout"]
+    if isinstance(error, LockTimeout):  # a LockUnavailable too: first
         messages.warning(
             request,
-            f"Timed out: waited {timeout:g}s for the locks on {src} and {dst}, still held: "
-            f"{blockers([src, dst])}. Nothing was changed.",
+            f"Timed out: waited {timeout:g}s for the locks on {src} and {dst}, still held: {held}. "
+            "Nothing was changed.",
             extra_tags="timeout",
         )
-    except LockUnavailable:
+    elif isinstance(error, LockUnavailable):
         messages.error(
             request,
             f"Conflict: {src} cannot be renamed now, another operation holds a lock on it or on {dst}: "
-            f"{blockers([src, dst])}. Nothing was changed; try again when it is released.",
+            f"{held}. Nothing was changed; try again when it is released.",
             extra_tags="conflict",
         )
-    except RenameInterrupted as e:
+    elif isinstance(error, RenameInterrupted):
         messages.error(
             request,
-            f"{e}. Its locks keep both paths blocked; manage.py reap_locks finishes it once their lease runs out.",
+            f"{error}. Its locks keep both paths blocked; manage.py reap_locks finishes it once their lease runs out.",
         )
-    except RenameError as e:
-        messages.error(request, f"Not renamed: {e}")
-    except LockError as e:
-        messages.error(request, f"Not renamed: the lock store failed ({e}).")
+    elif isinstance(error, RenameError):
+        messages.error(request, f"Not renamed: {error}")
+    elif isinstance(error, LockError):
+        messages.error(request, f"Not renamed: the lock store failed ({error}).")
+    elif error is not None:
+        raise error
     else:
+        assert result is not None
         messages.success(
             request,
             f"Renamed {src} to {dst}: {result.moved} document(s) moved in {result.seconds:.2f}s "
-            f"under fencing token {result.token}.",
+            f"under fencing token {result.token}{how}.",
             extra_tags="renamed",
         )
         if is_within(viewing, src):
             viewing = dst + viewing[len(src) :]
     return HttpResponseRedirect(browse_url(viewing))
+
+
+@require_POST
+@store_errors
+def rename_view(request: HttpRequest) -> HttpResponse:
+    """Rename a file or directory under lock_tree; say how it went with a message, back on the page viewed."""
+    form, viewing = _rename_form(request)
+    if not form.is_valid():
+        _report_invalid(request, form)
+        return HttpResponseRedirect(browse_url(viewing))
+    data = form.cleaned_data
+    try:
+        result = rename(fs_index(), data["src"], data["dst"], timeout=data["timeout"])
+    except (RenameError, LockError) as e:
+        held = blockers([data["src"], data["dst"]]) if isinstance(e, LockUnavailable) else ""
+        return _report(request, data, viewing, error=e, held=held)
+    return _report(request, data, viewing, result=result)
+
+
+async def arename_view(request: HttpRequest) -> HttpResponse:
+    """The async twin of :func:`rename_view`: ``alock_tree`` and ``AsyncElasticsearch`` (``aio.arename``).
+
+    While it waits for a lock the request's task sleeps on the event loop,
+    holding no thread. Only the conflict message's list of holders (the lock
+    backend's blocking listing) and the 503 page's store description run in
+    a worker thread (``sync_to_async``). No ``require_POST``/``store_errors``
+    decorators: before Django 5.0 they turn a coroutine function into a sync
+    view.
+    """
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    form, viewing = _rename_form(request)
+    if not form.is_valid():
+        _report_invalid(request, form)
+        return HttpResponseRedirect(browse_url(viewing))
+    data = form.cleaned_data
+    try:
+        result = await arename(es_url(), fs_index().name, data["src"], data["dst"], timeout=data["timeout"])
+    except (RenameError, LockError) as e:
+        try:
+            held = await sync_to_async(blockers)([data["src"], data["dst"]]) if isinstance(e, LockUnavailable) else ""
+        except (ApiError, TransportError, LockError) as store_error:
+            return await sync_to_async(_unavailable)(request, store_error)
+        return _report(request, data, viewing, error=e, held=held)
+    except (ApiError, TransportError) as e:
+        return await sync_to_async(_unavailable)(request, e)
+    return _report(request, data, viewing, result=result, how=" (async view)")

@@ -275,14 +275,15 @@ class DatabaseLockBackend(BaseLockBackend):
 
     @staticmethod
     def _cursor(wrapper: BaseDatabaseWrapper) -> contextlib.AbstractContextManager[Any]:
-        """The driver's cursor, unless queries of this connection are being captured.
+        """The driver's cursor, unless queries of this connection are being captured or wrapped.
 
         With DEBUG on, Django's cursor spells out every statement for its
         query log, which costs a lock call about as much as the call itself;
         lock work on the backend's own connection belongs in nobody's log,
-        unless asked for (``CaptureQueriesContext`` forces the debug cursor).
+        unless asked for: ``CaptureQueriesContext`` forces the debug cursor,
+        ``execute_wrapper()`` (lock_bench counts round trips so) wraps it.
         """
-        if wrapper.force_debug_cursor:
+        if wrapper.force_debug_cursor or wrapper.execute_wrappers:
             return wrapper.cursor()
         return contextlib.closing(wrapper.create_cursor())
 

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...bench.common import format_facts, format_table
-from ...bench.suite import STORES, Options, run
+from ...bench.suite import OTHER_STORES, STORES, Options, run
 
 QUICK = {"seconds": 0.2, "wake_rounds": 5, "request_rounds": 3, "reap_count": 200, "admin_count": 1000}
 """``--quick``: enough of every figure to prove the command works (CI), too little to mean anything."""
@@ -36,13 +36,19 @@ def _positive(kind: type) -> Any:
 
 class Command(BaseCommand):
     help = (
-        "Benchmark the lock stores (a throwaway Elasticsearch index, a throwaway PostgreSQL database): "
+        "Benchmark the lock stores (a throwaway Elasticsearch index, PostgreSQL database or SQLite file): "
         "tree lock pairs/s by depth against raw store operations, requests per acquire, wake-up latency, "
-        "contention, writer wait, reaping and the admin changelist; one table of figures and baselines."
+        "contention, writer wait, reaping, the admin changelist and the async API (1 task, many tasks, wake-up); "
+        "one table of figures and baselines."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--backend", choices=[*STORES, "all"], default="all", help="Store(s) to measure.")
+        parser.add_argument(
+            "--backend",
+            choices=[*STORES, *OTHER_STORES, "all"],
+            default="all",
+            help=f"Store(s) to measure; all: {', '.join(STORES)} (default).",
+        )
         parser.add_argument(
             "--seconds",
             type=_positive(float),
@@ -51,6 +57,9 @@ class Command(BaseCommand):
         parser.add_argument("--workers", type=_positive(int), default=8, help="Contending processes (default 8).")
         parser.add_argument(
             "--depth", type=_depths, default=(1, 4, 16), metavar="D,D,...", help="Tree depths (default 1,4,16)."
+        )
+        parser.add_argument(
+            "--tasks", type=_positive(int), default=100, help="Tasks of one process in the async figure (default 100)."
         )
         parser.add_argument("--quick", action="store_true", help="A few seconds in all, for CI; figures mean little.")
         parser.add_argument(
@@ -80,6 +89,7 @@ class Command(BaseCommand):
         bench_options = Options(
             stores=STORES if options["backend"] == "all" else (options["backend"],),
             workers=options["workers"],
+            tasks=options["tasks"],
             depths=options["depth"],
             es_url=options["es_url"],
             database_url=options["database_url"],
