@@ -15,6 +15,13 @@ import environ
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 
+try:  # Django's Tasks framework: built in from Django 6, the django-tasks backport before
+    import django.tasks  # noqa: F401
+
+    TASKS_APPS = ["django_tasks_db"]
+except ImportError:
+    TASKS_APPS = ["django_tasks", "django_tasks_db"]
+
 SECRET_KEY = env.str("SECRET_KEY", default="example-project-not-secret")
 DEBUG = env.bool("DEBUG", default=True)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
@@ -29,6 +36,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_esdlock",
     "example_project.fs",
+    *TASKS_APPS,
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -73,6 +81,12 @@ LOCK_BACKEND = (
 ELASTICSEARCH_URL = env.str("ELASTICSEARCH_URL", default="")
 FS_INDEX = env.str("FS_INDEX", default="fs")
 FS_LOCK_WAIT = env.float("FS_LOCK_WAIT", default=5.0)  # seconds a rename from the page may wait for its locks
+
+# Renames as background tasks (fs/tasks.py): queued in Django's database, run by `manage.py db_worker`
+# (`demo` starts one). FS_TASK_PAUSE slows a task's move down between batches, to watch (or kill) it.
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+FS_TASK_PAUSE = env.float("FS_TASK_PAUSE", default=0.0)
+FS_TASK_BATCH_SIZE = env.int("FS_TASK_BATCH_SIZE", default=500)
 
 LOGGING = {
     "version": 1,

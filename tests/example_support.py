@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import urllib.parse
 import uuid
 from collections import Counter
@@ -71,3 +72,20 @@ def example_fs(es_url: str, *, ttl: float = 30.0) -> Iterator[ExampleFs]:
             backend = load_backend(lock_config)
             backend.client.options(ignore_status=404).indices.delete(index=lock_config["OPTIONS"]["index"])
             backend.close()
+
+
+def worker_env(fs: ExampleFs, **extra: str) -> dict[str, str]:
+    """The environment of a ``manage.py db_worker`` on the test's stores and its task table (this test's database)."""
+    from django.conf import settings
+    from django.db import connection
+
+    database = os.path.abspath(connection.settings_dict["NAME"])
+    return {
+        "DJANGO_SETTINGS_MODULE": "example_project.settings",
+        "ELASTICSEARCH_URL": fs.es_url,
+        "FS_INDEX": fs.index.name,
+        "LOCK_URL": fs.lock_url,
+        "DATABASE_URL": f"sqlite:///{database}",
+        "SECRET_KEY": settings.SECRET_KEY,  # hand-off tickets are signed with it
+        **extra,
+    }

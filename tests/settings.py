@@ -6,6 +6,13 @@ import environ
 
 from .throwaway_postgres import test_database_url
 
+try:
+    import django.tasks  # noqa: F401  (Django 6)
+
+    TASKS_APPS = ["django_tasks_db"]
+except ImportError:
+    TASKS_APPS = ["django_tasks", "django_tasks_db"]
+
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True
@@ -18,6 +25,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_esdlock",
     "example_project.fs",
+    *TASKS_APPS,  # the example's renames as tasks
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -57,3 +65,4 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"django_esdlock": {"handlers": ["console"], "level": "WARNING"}},
 }
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}

@@ -283,52 +283,90 @@ def rename(
     src, dst = clean_path(src), clean_path(dst)
     check_rename(src, dst)
     started = time.monotonic()
-    deadline = None if timeout is None else started + timeout
-    intent = rename_intent(index.name, src, dst)
     with contextlib.ExitStack() as stack:
-        locks: dict[str, Lock] = {}
-        for role, path in sorted((("src", src), ("dst", dst)), key=lambda item: lock_order(item[1])):
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            lock = lock_tree(
-                path,
-                namespace=namespace,
-                timeout=wait,
-                ttl=ttl,
-                intent={**intent, "role": role},
-                backend=backend,
-            )
-            locks[role] = stack.enter_context(lock)
-        index.refresh()
-        entry = index.at(src)
-        check_found(src, dst, entry, index.at(dst), index.at(parent_of(dst)), expect_id=expect_id)
-        assert entry is not None
-        total = index.count(src) if entry.is_dir else 1
-        token = max(lock.token or 0 for lock in locks.values())
-        try:
-            # The first checkpoint says "validated, moving": recovery rolls forward only after it.
-            locks["src"].checkpoint({"moved": 0, "after": None})
-            if progress is not None:
-                progress(0, total)
-            moved = move_tree(
-                index,
-                src,
-                dst,
-                token=token,
-                lock=locks["src"],
-                batch_size=batch_size,
-                progress=None if progress is None else (lambda done: progress(done, total)),
-                pause=pause,
-            )
-            for lock in locks.values():
-                lock.check()
-        except BaseException as e:
-            for lock in locks.values():
-                lock.abandon()
-            logger.warning("rename %s -> %s stopped half-way; reap_locks will finish it", src, dst)
-            if isinstance(e, Exception):
-                raise RenameInterrupted(f"the rename of {src} to {dst} stopped half-way: {e}") from e
-            raise
-    return RenameResult(src, dst, entry.kind, moved, token, time.monotonic() - started)
+        locks = take_rename_locks(
+            stack, index.name, src, dst, namespace=namespace, backend=backend, timeout=timeout, ttl=ttl
+        )
+        kind, moved, token = move_under_locks(
+            index, src, dst, locks, expect_id=expect_id, batch_size=batch_size, progress=progress, pause=pause
+        )
+    return RenameResult(src, dst, kind, moved, token, time.monotonic() - started)
+
+
+def take_rename_locks(
+    stack: contextlib.ExitStack,
+    index_name: str,
+    src: str,
+    dst: str,
+    *,
+    namespace: str = NAMESPACE,
+    backend: BaseLockBackend | None = None,
+    timeout: float | None = None,
+    ttl: float | None = None,
+) -> dict[str, Lock]:
+    """Take the two tree locks of a rename (``src``, ``dst`` roles), entered on ``stack``; return them by role.
+
+    In :func:`lock_order`, waiting at most ``timeout`` overall, each with the
+    rename's intent: what :func:`rename` takes, and what a view hands to a task.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    intent = rename_intent(index_name, src, dst)
+    locks: dict[str, Lock] = {}
+    for role, path in sorted((("src", src), ("dst", dst)), key=lambda item: lock_order(item[1])):
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        lock = lock_tree(
+            path, namespace=namespace, timeout=wait, ttl=ttl, intent={**intent, "role": role}, backend=backend
+        )
+        locks[role] = stack.enter_context(lock)
+    return locks
+
+
+def move_under_locks(
+    index: FsIndex,
+    src: str,
+    dst: str,
+    locks: Mapping[str, Lock],
+    *,
+    expect_id: str | None = None,
+    batch_size: int = 500,
+    progress: Progress | None = None,
+    pause: float = 0.0,
+) -> tuple[str, int, int]:
+    """Check and move, under the held ``locks`` of :func:`take_rename_locks`; return (kind, moved, token).
+
+    Half-way failures abandon the locks, as :func:`rename` says.
+    """
+    index.refresh()
+    entry = index.at(src)
+    check_found(src, dst, entry, index.at(dst), index.at(parent_of(dst)), expect_id=expect_id)
+    assert entry is not None
+    total = index.count(src) if entry.is_dir else 1
+    token = max(lock.token or 0 for lock in locks.values())
+    try:
+        # The first checkpoint says "validated, moving": recovery rolls forward only after it.
+        locks["src"].checkpoint({"moved": 0, "after": None})
+        if progress is not None:
+            progress(0, total)
+        moved = move_tree(
+            index,
+            src,
+            dst,
+            token=token,
+            lock=locks["src"],
+            batch_size=batch_size,
+            progress=None if progress is None else (lambda done: progress(done, total)),
+            pause=pause,
+        )
+        for lock in locks.values():
+            lock.check()
+    except BaseException as e:
+        for lock in locks.values():
+            lock.abandon()
+        logger.warning("rename %s -> %s stopped half-way; reap_locks will finish it", src, dst)
+        if isinstance(e, Exception):
+            raise RenameInterrupted(f"the rename of {src} to {dst} stopped half-way: {e}") from e
+        raise
+    return entry.kind, moved, token
 
 
 def rename_document(index: FsIndex, doc_id: str, new_name: str, *, attempts: int = 20, **options: Any) -> RenameResult:

@@ -11,4 +11,6 @@ urlpatterns = [
     path("search/", views.search, name="search"),
     path("rename/", views.rename_view, name="rename"),
     path("arename/", views.arename_view, name="arename"),
+    path("rename-task/", views.rename_task_view, name="rename_task"),
+    path("tasks/<str:result_id>/", views.task_view, name="task"),
 ]

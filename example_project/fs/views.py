@@ -8,8 +8,10 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from elasticsearch import ApiError, TransportError
 
@@ -17,10 +19,11 @@ from django_esdlock import LockError, LockTimeout, LockUnavailable, get_backend
 from django_esdlock.exceptions import InvalidLockPath
 
 from .aio import arename
-from .documents import ROOT, clean_path, es_url, fs_index, is_within
+from .documents import ROOT, clean_path, es_url, fs_index, is_within, parent_of
 from .forms import RenameForm, lock_wait
 from .held import blockers, locks_around
 from .renames import RenameError, RenameInterrupted, RenameResult, rename
+from .tasks import UNFINISHED, TaskResultDoesNotExist, enqueue_rename, rename_task
 from .templatetags.fs_tags import browse_url
 
 LISTING_LIMIT = 500
@@ -220,3 +223,42 @@ async def arename_view(request: HttpRequest) -> HttpResponse:
     except (ApiError, TransportError) as e:
         return await sync_to_async(_unavailable)(request, e)
     return _report(request, data, viewing, result=result, how=" (async view)")
+
+
+@require_POST
+@store_errors
+def rename_task_view(request: HttpRequest) -> HttpResponse:
+    """Lock and check the rename here, hand its locks to a background task, and show the task's page."""
+    form, viewing = _rename_form(request)
+    if not form.is_valid():
+        _report_invalid(request, form)
+        return HttpResponseRedirect(browse_url(viewing))
+    data = form.cleaned_data
+    try:
+        result = enqueue_rename(fs_index(), data["src"], data["dst"], timeout=data["timeout"])
+    except (RenameError, LockError) as e:
+        held = blockers([data["src"], data["dst"]]) if isinstance(e, LockUnavailable) else ""
+        return _report(request, data, viewing, error=e, held=held)
+    return HttpResponseRedirect(reverse("fs:task", args=[result.id]))
+
+
+@require_GET
+@store_errors
+def task_view(request: HttpRequest, result_id: str) -> HttpResponse:
+    """A rename task's state, and the locks its worker holds; the page reloads itself until the task ends."""
+    try:
+        result = rename_task.get_result(result_id)
+    except (TaskResultDoesNotExist, ValidationError, ValueError):
+        return render(request, "fs/missing.html", {"path": f"task {result_id}"}, status=404)
+    src, dst = result.args[0], result.args[1]
+    context = {
+        **_common(parent_of(src)),
+        "result": result,
+        "status": result.status.value if hasattr(result.status, "value") else str(result.status),
+        "unfinished": result.status in UNFINISHED,
+        "src": src,
+        "dst": dst,
+        "outcome": result.return_value if result.status == "SUCCESSFUL" else None,
+        "error": result.errors[-1] if result.errors else None,
+    }
+    return render(request, "fs/task.html", context)
