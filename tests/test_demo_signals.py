@@ -1,4 +1,5 @@
-"""manage.py demo as a user runs it: it says where the site is and how to stop it; Ctrl-C or SIGTERM stop noida."""
+"""manage.py demo as a user runs it: it says where the site is and how to stop it; Ctrl-C or SIGTERM stop noida
+and the task worker."""
 
 from __future__ import annotations
 
@@ -72,6 +73,8 @@ def test_demo_serves_then_stops_its_noida_db_on(signum, tmp_path, noida_dir):
         wait_for(lines, "listening on ", seen)
         noida = seen[-1].split("listening on ")[1].split()[0]
         wait_for(lines, f"Open http://127.0.0.1:{port}/", seen)
+        wait_for(lines, "A task worker runs the renames", seen)
+        worker_pid = int(seen[-1].rsplit("pid ", 1)[1].rstrip(".\n"))
         wait_for(lines, "Quit the server with CONTROL-C", seen)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:
             assert page.status == 200
@@ -84,3 +87,5 @@ def test_demo_serves_then_stops_its_noida_db_on(signum, tmp_path, noida_dir):
     with pytest.raises(OSError):
         urllib.request.urlopen(noida, timeout=2)  # noida-db stopped with the demo
     assert not (noida_dir / "noida-server.pid").exists()
+    with pytest.raises(ProcessLookupError):  # the task worker stopped with the demo (and was reaped by it)
+        os.kill(worker_pid, 0)

@@ -18,6 +18,7 @@ from django_esdlock import get_backend
 from django_esdlock.noida import NoidaUnavailable, local_elasticsearch
 
 from ...documents import fs_index
+from ...tasks import start_worker, stop_worker
 
 
 @contextlib.contextmanager
@@ -38,7 +39,7 @@ def _exit_on_termination() -> Iterator[None]:
 class Command(BaseCommand):
     help = (
         "Migrate, start a local noida-db when ELASTICSEARCH_URL is unset, seed a demo tree (first run), "
-        "run the fs_race report, then serve the site with runserver."
+        "run the fs_race report, then serve the site with runserver and a task worker (db_worker) beside it."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -108,4 +109,10 @@ class Command(BaseCommand):
             if options["no_serve"]:
                 return
             stack.enter_context(_exit_on_termination())
+            # Beside the site, the worker that runs its "Rename (task)" renames; stopped on the way out.
+            worker = start_worker({"ELASTICSEARCH_URL": url})
+            stack.callback(stop_worker, worker)
+            self.stdout.write(
+                f"   A task worker runs the renames of the Rename (task) buttons: db_worker, pid {worker.pid}."
+            )
             call_command("runserver", address, use_reloader=False)
