@@ -59,7 +59,7 @@ def test_demo_serves_then_stops_its_noida_db_on(signum, tmp_path, noida_dir):
     env.update(DATABASE_URL=f"sqlite:///{tmp_path / 'example.sqlite3'}", PYTHONUNBUFFERED="1")
     env.pop("DJANGO_SETTINGS_MODULE", None)
     demo = ["manage.py", "demo", f"127.0.0.1:{port}", "--files", "200", "--race-files", "100", "--race-rounds", "1"]
-    demo += ["--data-dir", str(noida_dir), "--es-port", "0"]
+    demo += ["--data-dir", str(noida_dir), "--es-port", "0", "--no-race-tasks"]
     # As from a terminal: SIGINT at its default, which Python turns into KeyboardInterrupt. A test run
     # started in the background of a script (.ci/run's tox) inherits SIGINT ignored, and exec keeps that.
     restore = "import os, signal as s, sys; s.signal(s.SIGINT, s.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"

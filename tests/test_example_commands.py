@@ -153,6 +153,7 @@ def test_demo_starts_noida_seeds_races_and_stops_it(fs, tmp_path, settings):
         str(tmp_path / "noida"),
         "--es-port",
         "0",
+        "--no-race-tasks",  # tests/test_example_tasks.py races the tasks column
     )
     assert "Starting a local noida-db" in out
     url = out.split("listening on ")[1].split()[0]
@@ -166,5 +167,5 @@ def test_demo_starts_noida_seeds_races_and_stops_it(fs, tmp_path, settings):
 @pytest.mark.django_db(transaction=True)
 def test_demo_keeps_an_existing_tree(fs):
     fs.seed(50)
-    out = run("demo", "--no-serve", "--race-files", "100", "--race-rounds", "1")
+    out = run("demo", "--no-serve", "--race-files", "100", "--race-rounds", "1", "--no-race-tasks")
     assert f"Elasticsearch at {fs.es_url}" in out and "The demo tree is there" in out and "Seeding" not in out

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import io
 import os
 import subprocess
 
 import pytest
 from django.contrib.messages import get_messages
+from django.core.management import call_command
 
-from django_esdlock import get_backend
+from django_esdlock import get_backend, lock_tree
 from example_project.fs.tasks import rename_task, worker_command
 from example_project.fs.tree import README
 
 from .contract import all_holders
 from .example_support import example_fs, worker_env
-from .peer import Peer
 
 DIRECTORY = "/clinton/projects/elasticsearch"
 pytestmark = pytest.mark.django_db(transaction=True)  # the worker process reads the committed task rows
@@ -60,17 +62,28 @@ def test_a_rename_task_is_locked_at_once_and_finished_by_a_worker(fs, client):
 
 
 def test_a_rename_task_that_cannot_lock_is_not_enqueued(fs, client):
-    peer = Peer(fs.lock_config)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # another thread: another owner than the view's
+        held = pool.submit(lock_tree(README, namespace="fs").acquire).result(timeout=30)
     try:
-        peer.acquire("readme", scheme="tree", path=README, namespace="fs")
         response = client.post("/rename-task/", {"src": DIRECTORY, "to": "es", "next": "/clinton/projects"})
         assert response.status_code == 302 and not response["Location"].startswith("/tasks/")
         (message,) = [str(m) for m in get_messages(response.wsgi_request)]
         assert message.startswith(f"Conflict: {DIRECTORY} cannot be renamed now")
     finally:
-        peer.close()
+        held.release()
     from django_tasks_db.models import DBTaskResult
 
     assert DBTaskResult.objects.count() == 0
     assert client.get("/tasks/no-such-task/").status_code == 404
     assert all_holders(get_backend()) == []
+
+
+def test_race_as_tasks_on_two_workers(fs):
+    out = io.StringIO()
+    call_command("fs_race", "--variant", "tasks", "--files", "150", "--rounds", "1", stdout=out)
+    assert "lock_tree, as tasks" in out.getvalue()
+    assert (
+        "As tasks on two db_worker processes: both renames applied in 1 of 1 rounds, 0 lost, "
+        "0 documents lost or duplicated." in out.getvalue()
+    )
+    assert "/bill/…/README.asciidoc" in out.getvalue()

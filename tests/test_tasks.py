@@ -33,10 +33,10 @@ from .peer import SPAWN, setup_django
 from .procs import spawned
 from .stress import LEAVES
 
-HANDOFF_ROUNDS = 12
+HANDOFF_ROUNDS = 10
 """Hand-offs per store with a contender waiting on the same path."""
 
-TASK_ROUNDS = 30
+TASK_ROUNDS = 20
 """Locked task runs per worker per store, two workers."""
 
 
@@ -101,8 +101,8 @@ def test_the_claim_fences_off_the_view(lock_config, backend):
 
 def test_an_expired_ticket_raises_lock_lost(lock_config, backend):
     view = lock_tree("/late", namespace="fs", ttl=30, backend=backend).acquire()
-    ticket = view.handoff(ttl=0.5)
-    time.sleep(0.8)
+    ticket = view.handoff(ttl=0.3)
+    time.sleep(0.5)
     with pytest.raises(LockLost, match="lease ran out"):
         with resume_lock(ticket, backend=backend):
             pytest.fail("an expired ticket was claimed")
@@ -115,8 +115,8 @@ def test_an_unclaimed_ticket_with_intent_is_recovered_by_the_reaper(lock_config,
     view = lock_tree("/job", namespace="fs", intent={"op": "test-append", "file": str(out)}, backend=backend)
     view.acquire()
     view.checkpoint({"done": 7})
-    ticket = view.handoff(ttl=0.5)
-    time.sleep(0.8)
+    ticket = view.handoff(ttl=0.3)
+    time.sleep(0.5)
     with pytest.raises(LockUnavailable):  # expired, but its intent keeps it until recovered
         lock_tree("/job", namespace="fs", timeout=0, backend=backend).acquire()
     report = Reaper(backend).run()

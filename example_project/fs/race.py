@@ -11,6 +11,10 @@ Two processes race on a fresh index each round. The mass renamer moves
   leaving /clinton split in two.
 - ``locked``: :func:`renames.rename` and :func:`renames.rename_document` under
   ``lock_tree``. One waits for the other; both renames apply, in token order.
+- ``tasks`` (on request: it needs Django's database for the task queue): the
+  same two renames as background tasks (``tasks.rename_task``,
+  ``tasks.rename_document_task``) run by two ``db_worker`` processes; the
+  README's is enqueued once the mass rename's worker holds its lock.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from elasticsearch import ConflictError
 from django_esdlock import LockError
 from django_esdlock.backends.base import BaseLockBackend
 from django_esdlock.conf import load_backend
+from django_esdlock.records import Kind, Node
 
 from .documents import FsIndex, client_for, join, name_of, parent_of
 from .renames import RenameError, rename, rename_document
@@ -39,8 +44,12 @@ from .tree import README, entry_id, generate
 
 SPAWN = multiprocessing.get_context("spawn")
 
-VARIANTS = ("blind", "versioned", "locked")
-TITLES = {"blind": "no locks", "versioned": "no locks, versions", "locked": "lock_tree"}
+VARIANTS = ("blind", "versioned", "locked", "tasks")
+DEFAULT_VARIANTS = ("blind", "versioned", "locked")
+TITLES = {"blind": "no locks", "versioned": "no locks, versions", "locked": "lock_tree", "tasks": "lock_tree, as tasks"}
+LOCKED = ("locked", "tasks")
+TASK_TIMEOUT = 300.0
+"""Seconds a race task may take from enqueue to its end."""
 SRC, DST = "/clinton", "/bill"
 NEW_NAME = "README.asciidoc"
 
@@ -277,16 +286,87 @@ def audit(index: FsIndex, *, seeded: int, readme_id: str, variant: str, mass: di
     )
 
 
+def _task_outcome(result: Any) -> dict[str, Any]:
+    """A race job's outcome from a finished task's result."""
+    if result.status != "SUCCESSFUL":
+        error = result.errors[-1].exception_class_path if result.errors else str(result.status)
+        return {"ok": False, "moved": 0, "conflicts": 0, "error": error}
+    value = result.return_value
+    return {"ok": True, "moved": value["moved"], "conflicts": 0, "token": value["token"], "pid": value["pid"]}
+
+
+def play_tasks_round(
+    *, es_url: str, index_name: str, readme_id: str, namespace: str, lock_config: dict[str, Any], workers: list
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Enqueue the mass rename; once its worker holds /clinton, the README's; return both outcomes."""
+    from .tasks import UNFINISHED, rename_document_task, rename_task
+
+    options = {"es_url": es_url, "index": index_name, "namespace": namespace, "lock_config": lock_config}
+    options["timeout"] = 120
+    backend = load_backend(lock_config)
+    deadline = time.monotonic() + TASK_TIMEOUT
+
+    def result_of(task: Any, result_id: str) -> Any:
+        dead = [w.pid for w in workers if w.poll() is not None]
+        if dead:
+            raise RuntimeError(f"race task worker(s) {dead} exited")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"race task {result_id} did not finish in {TASK_TIMEOUT:g}s")
+        return task.get_result(result_id)
+
+    try:
+        mass = rename_task.enqueue(SRC, DST, **options)
+        src = Node(namespace, Kind.TREE, SRC)
+        # "As soon as it has started": its worker holds /clinton and has checkpointed (validated, moving).
+        while not any(h.checkpoint is not None for h in backend.node_holders(src)):
+            if result_of(rename_task, mass.id).status not in UNFINISHED:
+                break
+            time.sleep(0.02)
+        user = rename_document_task.enqueue(readme_id, NEW_NAME, **options)
+        outcomes = []
+        for task, result in ((rename_document_task, user), (rename_task, mass)):
+            while (finished := result_of(task, result.id)).status in UNFINISHED:
+                time.sleep(0.05)
+            outcomes.append(_task_outcome(finished))
+    finally:
+        backend.close()
+    user_outcome, mass_outcome = outcomes
+    return mass_outcome, user_outcome
+
+
 def play_round(
-    variant: str, *, es_url: str, index_name: str, files: int, namespace: str, workers: tuple[_Worker, _Worker]
+    variant: str,
+    *,
+    es_url: str,
+    index_name: str,
+    files: int,
+    namespace: str,
+    workers: tuple[_Worker, _Worker] | None,
+    lock_config: dict[str, Any] | None = None,
+    task_workers: list | None = None,
 ) -> Round:
     """Seed a fresh /clinton tree in ``index_name``, race the two renames, audit, drop the index."""
-    mass_worker, user_worker = workers
     index = FsIndex(client_for(es_url), index_name)
     index.delete()
     seeded = index.index_entries(generate(files, users=["clinton"]))
     readme_id = entry_id(README)
     job = {"variant": variant, "es_url": es_url, "index": index_name, "namespace": namespace}
+    if variant == "tasks":
+        assert lock_config is not None and task_workers is not None
+        try:
+            mass, user = play_tasks_round(
+                es_url=es_url,
+                index_name=index_name,
+                readme_id=readme_id,
+                namespace=namespace,
+                lock_config=lock_config,
+                workers=task_workers,
+            )
+            return audit(index, seeded=seeded, readme_id=readme_id, variant=variant, mass=mass, user=user)
+        finally:
+            index.delete()
+    assert workers is not None
+    mass_worker, user_worker = workers
     try:
         mass_worker.send({**job, "role": "mass"})
         mass_worker.receive("started")
@@ -362,7 +442,7 @@ class RaceReport:
         ]
         lines += [f"{label:<33}" + "".join(f"{cell:<28}" for cell in cells).rstrip() for label, cells in rows]
         lines.append("")
-        unlocked = [v for v in variants if v != "locked"]
+        unlocked = [v for v in variants if v not in LOCKED]
         if unlocked:
             bad = sum(sums[v]["bad_rounds"] for v in unlocked)
             total = sum(n[v] for v in unlocked)
@@ -378,6 +458,13 @@ class RaceReport:
                 f"With lock_tree: both renames applied in {both} of {n['locked']} rounds, in a serial order; "
                 f"{s['lost_updates']} lost, {s['lost_or_duplicated']} documents lost or duplicated."
             )
+        if "tasks" in variants:
+            s = sums["tasks"]
+            both = min(s["mass_ok"], s["user_ok"])
+            lines.append(
+                f"As tasks on two db_worker processes: both renames applied in {both} of {n['tasks']} rounds, "
+                f"{s['lost_updates']} lost, {s['lost_or_duplicated']} documents lost or duplicated."
+            )
         lines.append(f"({self.seconds:.1f}s)")
         return "\n".join(lines)
 
@@ -388,7 +475,7 @@ def run_race(
     lock_config: dict[str, Any],
     files: int = 2000,
     rounds: int = 3,
-    variants: tuple[str, ...] = VARIANTS,
+    variants: tuple[str, ...] = DEFAULT_VARIANTS,
     index_prefix: str = "fs-race",
     on_round: Callable[[Round], None] | None = None,
 ) -> RaceReport:
@@ -402,7 +489,13 @@ def run_race(
     run_id = uuid.uuid4().hex[:8]
     namespace = f"fs-race-{run_id}"
     played: list[Round] = []
-    with _workers(lock_config) as workers:
+    with contextlib.ExitStack() as stack:
+        workers = stack.enter_context(_workers(lock_config)) if set(variants) - {"tasks"} else None
+        task_workers = None
+        if "tasks" in variants:
+            from .tasks import workers as start_task_workers
+
+            task_workers = stack.enter_context(start_task_workers(2))
         for variant in variants:
             for number in range(rounds):
                 outcome = play_round(
@@ -412,6 +505,8 @@ def run_race(
                     files=files,
                     namespace=namespace,
                     workers=workers,
+                    lock_config=lock_config,
+                    task_workers=task_workers,
                 )
                 played.append(outcome)
                 if on_round is not None:

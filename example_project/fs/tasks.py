@@ -25,6 +25,8 @@ from typing import Any
 from django.conf import settings
 
 from django_esdlock import LockError, resume_lock
+from django_esdlock.backends.base import BaseLockBackend
+from django_esdlock.conf import load_backend
 
 from .documents import FsIndex, client_for, fs_index, parent_of
 from .renames import (
@@ -61,6 +63,19 @@ def _index(es_url: str | None, index: str | None) -> FsIndex:
     return FsIndex(client_for(es_url), index or fs_index().name) if es_url else fs_index(index)
 
 
+@contextlib.contextmanager
+def _backend(lock_config: Mapping[str, Any] | None) -> Iterator[BaseLockBackend | None]:
+    """The lock backend of ``lock_config`` for one task (closed after it), or None: the settings' backend."""
+    if lock_config is None:
+        yield None
+        return
+    backend = load_backend(dict(lock_config))
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
 def _pacing() -> dict[str, Any]:
     """How fast a task moves documents: ``FS_TASK_BATCH_SIZE`` per batch, ``FS_TASK_PAUSE`` seconds between."""
     return {
@@ -79,15 +94,20 @@ def rename_task(
     index: str | None = None,
     namespace: str = NAMESPACE,
     timeout: float | None = None,
+    lock_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Rename ``src`` to ``dst`` in a worker: under the locks ``tickets`` hand over, else under its own."""
+    """Rename ``src`` to ``dst`` in a worker: under the locks ``tickets`` hand over, else under its own.
+
+    ``es_url``, ``index`` and ``lock_config`` (a LOCK_BACKEND dict) override the settings' stores (fs_race).
+    """
     fs = _index(es_url, index)
     if tickets:
         with contextlib.ExitStack() as stack:
             locks = {role: stack.enter_context(resume_lock(ticket)) for role, ticket in tickets.items()}
             kind, moved, token = move_under_locks(fs, src, dst, locks, **_pacing())
     else:
-        result = rename(fs, src, dst, namespace=namespace, timeout=timeout, **_pacing())
+        with _backend(lock_config) as backend:
+            result = rename(fs, src, dst, namespace=namespace, timeout=timeout, backend=backend, **_pacing())
         kind, moved, token = result.kind, result.moved, result.token
     return {"src": src, "dst": dst, "kind": kind, "moved": moved, "token": token, "pid": os.getpid()}
 
@@ -101,9 +121,12 @@ def rename_document_task(
     index: str | None = None,
     namespace: str = NAMESPACE,
     timeout: float | None = None,
+    lock_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Give document ``doc_id`` the name ``new_name``, wherever it is when locked (``fs_race``'s user)."""
-    result = rename_document(_index(es_url, index), doc_id, new_name, namespace=namespace, timeout=timeout)
+    with _backend(lock_config) as backend:
+        options = {"namespace": namespace, "timeout": timeout, "backend": backend}
+        result = rename_document(_index(es_url, index), doc_id, new_name, **options)
     return {"src": result.src, "dst": result.dst, "moved": result.moved, "token": result.token, "pid": os.getpid()}
 
 

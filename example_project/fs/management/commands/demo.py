@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import signal
 from collections.abc import Iterator
@@ -50,6 +51,12 @@ class Command(BaseCommand):
         parser.add_argument("--race-files", type=int, default=1000, help="Files per race round (default 1000).")
         parser.add_argument("--race-rounds", type=int, default=3, help="Race rounds per variant (default 3).")
         parser.add_argument(
+            "--race-tasks",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="Race the renames as tasks on two db_worker processes too (default: yes).",
+        )
+        parser.add_argument(
             "--data-dir",
             type=Path,
             default=None,
@@ -94,6 +101,7 @@ class Command(BaseCommand):
                 "fs_race",
                 files=options["race_files"],
                 rounds=options["race_rounds"],
+                tasks=options["race_tasks"],
                 stdout=self.stdout,
                 stderr=self.stderr,
             )

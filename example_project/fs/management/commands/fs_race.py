@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django_esdlock.conf import backend_config
 
 from ...documents import es_url
-from ...race import TITLES, VARIANTS, Round, run_race
+from ...race import DEFAULT_VARIANTS, TITLES, VARIANTS, Round, run_race
 
 
 def positive(value: str) -> int:
@@ -31,7 +31,15 @@ class Command(BaseCommand):
         parser.add_argument("--files", type=positive, default=2000, help="Files under /clinton (default 2000).")
         parser.add_argument("--rounds", type=positive, default=3, help="Rounds per variant (default 3).")
         parser.add_argument(
-            "--variant", action="append", choices=VARIANTS, help="Only these variants (repeatable; default all)."
+            "--variant",
+            action="append",
+            choices=VARIANTS,
+            help="Only these variants (repeatable; default all but tasks).",
+        )
+        parser.add_argument(
+            "--tasks",
+            action="store_true",
+            help="Add the column where both renames run as tasks on two db_worker processes (needs migrate).",
         )
         parser.add_argument("--json", action="store_true", help="Print every round's numbers as JSON.")
 
@@ -47,12 +55,13 @@ class Command(BaseCommand):
 
         if verbosity >= 1 and not options["json"]:
             self.stdout.write("Racing two renames in two processes (this takes a few seconds)...")
+        chosen = set(options["variant"] or DEFAULT_VARIANTS) | ({"tasks"} if options["tasks"] else set())
         report = run_race(
             es_url=es_url(),
             lock_config=backend_config(),
             files=options["files"],
             rounds=options["rounds"],
-            variants=tuple(v for v in VARIANTS if v in (options["variant"] or VARIANTS)),
+            variants=tuple(v for v in VARIANTS if v in chosen),
             on_round=on_round,
         )
         if options["json"]:
