@@ -1,0 +1,108 @@
+"""lock_check: 0 violations on every real store under every applicable fault; the command and its outputs."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_esdlock.checker import check_history
+from django_esdlock.checker.history import write_history
+
+from .dbstores import sqlite_store
+
+pytest_plugins = ["django_esdlock.testing"]
+
+SHORT = {"seconds": 5.0, "processes": 3, "ttl": 1.0}
+"""Short mode: one pause, one kill and (where it applies) one store cut, in a few seconds."""
+
+
+def test_every_store_keeps_its_claims_under_faults(lock_check, store_config):
+    result = lock_check(store_config, seed=11, **SHORT)
+    assert result.ok, result.report()
+    summary = result.summary
+    assert summary["grants"] > 10 and summary["faults"]["pause"] >= 1 and summary["faults"]["kill"] >= 1
+    if "sqlite" in result.backend.lower():
+        assert "store" in result.skipped and summary["faults"]["store"] == 0
+    else:
+        assert summary["faults"]["store"] >= 1, result.report()
+    assert summary["leftovers"] == 0
+
+
+@pytest.fixture
+def sqlite_url(django_db_blocker):
+    with django_db_blocker.unblock(), sqlite_store() as config:
+        yield config["OPTIONS"]["url"]
+
+
+def test_command_prints_a_summary_and_writes_history_json_and_plot(sqlite_url, tmp_path, django_db_blocker):
+    history, png = tmp_path / "history.jsonl", tmp_path / "timeline.png"
+    out, err = StringIO(), StringIO()
+    with django_db_blocker.unblock():
+        call_command(
+            "lock_check",
+            "--backend-url",
+            sqlite_url,
+            "--processes=2",
+            "--seconds=1.5",
+            "--ttl=1",
+            "--faults=pause,store",
+            f"--history={history}",
+            f"--plot={png}",
+            stdout=out,
+            stderr=err,
+        )
+    text = out.getvalue()
+    assert "0 violations" in text, text
+    assert "store" in text and "skipped: SQLite is a local file" in text
+    assert png.stat().st_size > 1000
+    events = [json.loads(line) for line in history.read_text().splitlines()]
+    assert {"invoke", "ok", "write", "release", "pause", "resume"} <= {e["type"] for e in events}
+
+    replayed = StringIO()
+    call_command("lock_check", f"--replay={history}", "--json", stdout=replayed)
+    assert json.loads(replayed.getvalue())["violations"] == []
+
+
+def _op(op, process, t_invoke, t_ok, t_release, token, node="/a", mode="X", ns="ns"):
+    nodes = [[ns, "tree", node, mode]]
+    return [
+        {"t": t_invoke, "process": process, "type": "invoke", "op": op, "nodes": nodes, "timeout": 1.0},
+        {"t": t_ok, "process": process, "type": "ok", "op": op, "holder": op, "token": token},
+        {"t": t_ok + 0.01, "process": process, "type": "write", "op": op, "token": token, "valid": True},
+        {"t": t_release, "process": process, "type": "release", "op": op, "valid": True},
+        {"t": t_release + 0.01, "process": process, "type": "released", "op": op, "outcome": "ok"},
+    ]
+
+
+def test_replay_of_a_violating_history_exits_1_with_its_slice(tmp_path):
+    events = sorted(_op("p1-0", "p1", 0.0, 0.1, 1.0, 5) + _op("p2-0", "p2", 0.2, 0.5, 1.5, 6), key=lambda e: e["t"])
+    assert {v.check for v in check_history(events)} == {"a"}
+    path = tmp_path / "bad.jsonl"
+    write_history(events, path)
+    out = StringIO()
+    with pytest.raises(CommandError) as failed:
+        call_command("lock_check", f"--replay={path}", stdout=out)
+    assert failed.value.returncode == 1
+    assert "VIOLATION (a)" in out.getvalue() and "p1-0" in out.getvalue() and "p2-0" in out.getvalue()
+
+
+def test_sequential_grants_with_growing_tokens_pass_and_shrinking_ones_fail():
+    good = _op("p1-0", "p1", 0.0, 0.1, 1.0, 5) + _op("p2-0", "p2", 0.2, 1.1, 1.5, 6)
+    assert check_history(sorted(good, key=lambda e: e["t"])) == []
+    bad = _op("p1-0", "p1", 0.0, 0.1, 1.0, 6) + _op("p2-0", "p2", 0.2, 1.1, 1.5, 5)
+    assert {v.check for v in check_history(sorted(bad, key=lambda e: e["t"]))} == {"b"}
+
+
+def test_a_lost_holders_late_write_with_a_stale_token_passes_fencing_and_a_new_one_fails():
+    late = {"t": 1.2, "process": "p1", "type": "write", "op": "p1-0", "token": 5, "valid": False}
+    lost = {"t": 1.2, "process": "p1", "type": "lost", "op": "p1-0", "how": "lock.lost"}
+    first = [e for e in _op("p1-0", "p1", 0.0, 0.1, 1.3, 5) if e["type"] not in ("release", "released")]
+    events = sorted([*first, late, lost, *_op("p2-0", "p2", 0.2, 1.1, 1.5, 6)], key=lambda e: e["t"])
+    assert check_history(events) == []
+    for e in events:
+        if e["op"] == "p2-0" and e["type"] == "ok":
+            e["token"] = 4
+    assert "a" in {v.check for v in check_history(events)}
