@@ -106,3 +106,27 @@ def test_a_lost_holders_late_write_with_a_stale_token_passes_fencing_and_a_new_o
         if e["op"] == "p2-0" and e["type"] == "ok":
             e["token"] = 4
     assert "a" in {v.check for v in check_history(events)}
+
+
+def test_the_store_fault_proxies_each_kind_of_endpoint(settings):
+    from django.db import connections
+
+    from django_esdlock.checker.run import _proxy_target, _through_proxy
+
+    es = {"BACKEND": "x", "OPTIONS": {"hosts": ["http://es.example:9201"], "index": "locks"}, "TTL": 30}
+    assert _proxy_target(es) == (("es.example", 9201), "")
+    assert _through_proxy(es, 4000)["OPTIONS"] == {"hosts": ["http://127.0.0.1:4000"], "index": "locks"}
+    assert _proxy_target({**es, "OPTIONS": {"hosts": ["https://es.example"]}})[0] is None
+
+    pg = {"BACKEND": "x", "OPTIONS": {"url": "postgres://u:p@db.example:6543/app?sslmode=disable"}, "TTL": 30}
+    assert _proxy_target(pg) == (("db.example", 6543), "")
+    assert _through_proxy(pg, 4000)["OPTIONS"]["url"] == "postgres://u:p@127.0.0.1:4000/app?sslmode=disable"
+
+    alias = {"BACKEND": "x", "OPTIONS": {"using": "postgres"}, "TTL": 30}
+    db = connections.settings["postgres"]
+    assert _proxy_target(alias) == ((db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)), "")
+    url = _through_proxy(alias, 4000)["OPTIONS"]["url"]
+    assert url.startswith("postgres://") and url.endswith(f"@127.0.0.1:4000/{db['NAME']}")
+
+    target, why = _proxy_target({"BACKEND": "x", "OPTIONS": {"url": "sqlite:////tmp/locks.sqlite3"}, "TTL": 30})
+    assert target is None and "SQLite" in why
