@@ -19,6 +19,7 @@ SHORT = {"seconds": 5.0, "processes": 3, "ttl": 1.0}
 """Short mode: one pause, one kill and (where it applies) one store cut, in a few seconds."""
 
 
+@pytest.mark.slow  # multi-process, like the stress tests: ./runtests runs it on every store, tox leaves it out
 def test_every_store_keeps_its_claims_under_faults(lock_check, store_config):
     result = lock_check(store_config, seed=11, **SHORT)
     assert result.ok, result.report()

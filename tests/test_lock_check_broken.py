@@ -18,6 +18,9 @@ from .dbstores import sqlite_store
 
 HERE = __name__
 
+# Multi-process runs, like the stress tests: ./runtests runs them, tox leaves them out.
+pytestmark = pytest.mark.slow
+
 
 class NoConflictBackend(DatabaseLockBackend):
     """Skips the conflict check: each request locks private copies of its nodes."""
@@ -89,7 +92,7 @@ def checks_of(result):
 
 
 def test_overlapping_grants_are_caught(broken):
-    result = broken("NoConflictBackend", faults=(), seed=1)
+    result = broken("NoConflictBackend", faults=(), hold=0.6, seed=1)
     assert "a" in checks_of(result), result.report()
     overlap = next(v for v in result.violations if v.check == "a")
     assert {"invoke", "ok"} <= {e["type"] for e in overlap.events}
@@ -97,28 +100,28 @@ def test_overlapping_grants_are_caught(broken):
 
 
 def test_a_lease_lost_without_telling_the_holder_is_caught(broken):
-    result = broken("SilentRenewalBackend", faults=(), ttl=0.4, hold=1.2, seed=2)
+    result = broken("SilentRenewalBackend", faults=(), seconds=3, processes=4, ttl=0.3, hold=1.0, seed=2)
     # Its checkpoints are silently dropped too, which (e) may see as well.
     assert "a" in checks_of(result) and checks_of(result) <= {"a", "e"}, result.report()
 
 
 def test_fencing_tokens_out_of_order_are_caught(broken):
-    result = broken("BackwardTokenBackend", faults=(), seed=3)
+    result = broken("BackwardTokenBackend", faults=(), processes=2, seed=3)
     assert "b" in checks_of(result), result.report()
 
 
 def test_a_request_that_outlives_its_timeout_is_caught(broken):
-    result = broken("SlowAcquireBackend", faults=(), ttl=0.5, slack=0.3, seed=4)
+    result = broken("SlowAcquireBackend", faults=(), processes=2, ttl=0.5, slack=0.3, seed=4)
     assert checks_of(result) == {"c"}, result.report()
     assert any("took" in v.message for v in result.violations)
 
 
 def test_locks_left_held_are_caught(broken):
-    result = broken("LeakyBackend", faults=(), seed=5)
+    result = broken("LeakyBackend", faults=(), processes=2, seed=5)
     assert "d" in checks_of(result), result.report()
 
 
 def test_a_lost_intent_is_caught(broken):
-    result = broken("IntentDroppingBackend", faults=("kill",), seconds=3, processes=4, ttl=0.5, seed=6)
+    result = broken("IntentDroppingBackend", faults=("kill",), seconds=2.5, processes=4, ttl=0.5, seed=6)
     assert result.summary["faults"]["kill"] >= 2
     assert checks_of(result) == {"e"}, result.report()

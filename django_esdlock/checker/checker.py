@@ -361,5 +361,6 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         "intents": sum(op.granted and op.has_intent for op in workload),
         "recovered": sum(e["type"] == "recovered" for e in events),
         "faults": faults,
+        "kills_holding_intent": sum(e["type"] == "kill" and e.get("holding") == 2 for e in events),
         "leftovers": sum(e["type"] == "leftover" for e in events),
     }

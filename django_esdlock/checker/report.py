@@ -42,10 +42,12 @@ def summary_table(result: CheckResult) -> str:
             or "none",
         ),
         *((f"  {name}", f"skipped: {why}") for name, why in result.skipped.items()),
-        ("locks lost", f"{s['locks_lost']} (all told to their holder: lock.lost / LockLost)"),
+        ("  kills of intent holders", str(s["kills_holding_intent"])) if "kill" in result.options.faults else None,
+        ("locks lost", f"{s['locks_lost']}, each told to its holder (lock.lost / LockLost)"),
         ("left held after reap", str(s["leftovers"])),
         ("violations", str(len(result.violations))),
     ]
+    rows = [row for row in rows if row is not None]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import random
 import time
@@ -132,6 +133,7 @@ class Workload:
             return
         except LockBackendUnavailable as e:
             record("fail", op=op_id, outcome="store_unavailable", error=str(e))
+            time.sleep(self.rng.uniform(0.05, 0.2))  # as an app would, rather than hammer a store that is down
             return
         except Exception:  # noqa: BLE001 - an unexpected end is what check (c) reports
             record("fail", op=op_id, outcome="error", error=traceback.format_exc())
@@ -207,6 +209,8 @@ def worker_main(spec: WorkloadSpec, slot: int, process: str, shared: Mapping[str
     import django
 
     django.setup()
+    # Losing locks is this workload's job: their warnings would only bury the progress line.
+    logging.getLogger("django_esdlock").setLevel(logging.ERROR)
     from .. import signals
     from ..conf import load_backend
     from .history import HistoryWriter
