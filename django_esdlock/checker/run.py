@@ -30,7 +30,19 @@ from .workload import COUNTERS, WorkloadSpec, _recoveries, node_list, worker_mai
 
 logger = logging.getLogger("django_esdlock")
 
-SPAWN = multiprocessing.get_context("spawn")
+
+def _context() -> Any:
+    """Forkserver (workers forked from a server that set Django up once), else spawn.
+
+    Never plain fork: the command runs threads (proxy, reaper, nemesis).
+    """
+    try:
+        context = multiprocessing.get_context("forkserver")
+    except ValueError:
+        return multiprocessing.get_context("spawn")
+    context.set_forkserver_preload(["django_esdlock.checker.preload"])
+    return context
+
 
 START_TIMEOUT = 120.0
 """Seconds the workers may take to start (spawn, Django setup, first connection)."""
@@ -173,11 +185,12 @@ class Workers:
     def __init__(self, spec: WorkloadSpec, n: int, record: Callable[..., Any]) -> None:
         self.spec = spec
         self.record = record
+        self.context = _context()
         self.shared = {
-            "holding": SPAWN.Array("i", n, lock=False),
-            "ready": SPAWN.Array("i", n, lock=False),
-            "counters": SPAWN.Array("q", n * COUNTERS, lock=False),
-            "stop_at": SPAWN.Value("d", 0.0, lock=False),
+            "holding": self.context.Array("i", n, lock=False),
+            "ready": self.context.Array("i", n, lock=False),
+            "counters": self.context.Array("q", n * COUNTERS, lock=False),
+            "stop_at": self.context.Value("d", 0.0, lock=False),
         }
         self.generation = [0] * n
         self.slots: list[tuple[str, Any]] = []
@@ -189,7 +202,7 @@ class Workers:
     def _start(self, slot: int) -> tuple[str, Any]:
         gen = self.generation[slot]
         name = f"w{slot}" if gen == 0 else f"w{slot}.{gen}"
-        process = SPAWN.Process(
+        process = self.context.Process(
             target=worker_main, args=(self.spec, slot, name, self.shared), name=f"lock-check-{name}", daemon=True
         )
         process.start()
