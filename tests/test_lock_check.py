@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
 
-from django_esdlock.checker import check_history
+from django_esdlock.checker import CheckOptions, check_history
 from django_esdlock.checker.history import write_history
 
 from .dbstores import sqlite_store
@@ -41,7 +42,7 @@ def sqlite_url(django_db_blocker):
 def test_command_prints_a_summary_and_writes_history_json_and_plot(sqlite_url, tmp_path, django_db_blocker):
     history, png = tmp_path / "history.jsonl", tmp_path / "timeline.png"
     out, err = StringIO(), StringIO()
-    with django_db_blocker.unblock():
+    with django_db_blocker.unblock(), _failing_with(out):
         call_command(
             "lock_check",
             "--backend-url",
@@ -67,6 +68,15 @@ def test_command_prints_a_summary_and_writes_history_json_and_plot(sqlite_url, t
     assert json.loads(replayed.getvalue())["violations"] == []
 
 
+@contextlib.contextmanager
+def _failing_with(out):
+    """Fail with the command's output (summary, violations) if it raises."""
+    try:
+        yield
+    except CommandError as e:
+        pytest.fail(f"{e}\n{out.getvalue()}")
+
+
 def _op(op, process, t_invoke, t_ok, t_release, token, node="/a", mode="X", ns="ns"):
     nodes = [[ns, "tree", node, mode]]
     return [
@@ -88,6 +98,12 @@ def test_replay_of_a_violating_history_exits_1_with_its_slice(tmp_path):
         call_command("lock_check", f"--replay={path}", stdout=out)
     assert failed.value.returncode == 1
     assert "VIOLATION (a)" in out.getvalue() and "p1-0" in out.getvalue() and "p2-0" in out.getvalue()
+
+    from django_esdlock.management.commands.lock_check import _replay
+    from django_esdlock.testing import assert_no_violations
+
+    with pytest.raises(AssertionError, match=r"VIOLATION \(a\)"):
+        assert_no_violations(_replay(events, CheckOptions()))
 
 
 def test_sequential_grants_with_growing_tokens_pass_and_shrinking_ones_fail():

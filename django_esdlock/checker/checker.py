@@ -357,7 +357,6 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         "writes": sum(len(op.writes) for op in workload),
         "late_writes": sum(not w.get("valid") for op in workload for w in op.writes),
         "locks_lost": len(lost),
-        "locks_lost_detected": len(lost),
         "intents": sum(op.granted and op.has_intent for op in workload),
         "recovered": sum(e["type"] == "recovered" for e in events),
         "faults": faults,

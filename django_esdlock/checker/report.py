@@ -29,7 +29,7 @@ def summary_table(result: CheckResult) -> str:
         (
             "run",
             f"{result.options.processes} processes, {result.options.seconds:g}s, lease {result.options.ttl:g}s, "
-            f"seed {result.seed}",
+            f"slack {result.options.slack:g}s, seed {result.seed}",
         ),
         ("operations", str(s["operations"])),
         ("  granted", str(s["grants"])),

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
+import faulthandler
 import logging
 import os
 import random
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from ..recovery import recovery_handler
@@ -57,48 +60,48 @@ class Workload:
         self.history = history
         self.backend = backend
         self.count = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._ops_of_locks: dict[int, str] = {}
 
     # --- what to ask for -----------------------------------------------------
 
-    def random_lock(self) -> tuple[str, Any, bool]:
-        """Return (kind, lock, has intent) of a random request."""
-        from ..locks import global_lock, lock_documents, lock_tree
+    ASYNC_SHARE = 0.25
+    """Share of requests made through the async API (``alock_tree`` ...) on the worker's event loop."""
+
+    def random_lock(self) -> tuple[str, str, Any, bool]:
+        """Return (kind, api, lock, has intent) of a random request."""
+        from .. import aio, locks
 
         spec, rng = self.spec, self.rng
-        ttl = spec.ttl
-        timeout = 0.0 if rng.random() < 0.2 else round(rng.uniform(0.05, spec.max_timeout), 3)
+        api = "async" if rng.random() < self.ASYNC_SHARE else "sync"
+        module: Any = aio if api == "async" else locks
+        prefix = "a" if api == "async" else ""
+        common = {"timeout": 0.0 if rng.random() < 0.2 else round(rng.uniform(0.05, spec.max_timeout), 3)}
+        common.update(ttl=spec.ttl, backend=self.backend)
         roll = rng.random()
         if roll < 0.6:
-            depth = rng.randint(1, TREE_DEPTH)
-            path = "/" + "/".join(rng.choice(TREE_NAMES) for _ in range(depth))
+            path = "/" + "/".join(rng.choice(TREE_NAMES) for _ in range(rng.randint(1, TREE_DEPTH)))
             shared = rng.random() < 0.35
             intent = None
             if not shared and rng.random() < 0.35:
-                intent = {"op": INTENT_OP, "run": spec.namespace, "op_id": self._next_op_id(peek=True)}
-            lock = lock_tree(
-                path,
-                shared=shared,
-                timeout=timeout,
-                ttl=ttl,
-                namespace=spec.namespace,
-                intent=intent,
-                backend=self.backend,
-            )
-            return "tree", lock, intent is not None
+                intent = {"op": INTENT_OP, "run": spec.namespace, "op_id": f"{self.process}-{self.count}"}
+            lock_tree = getattr(module, f"{prefix}lock_tree")
+            lock = lock_tree(path, shared=shared, namespace=spec.namespace, intent=intent, **common)
+            return "tree", api, lock, intent is not None
         if roll < 0.85:
             ids = rng.sample(DOCUMENT_IDS, rng.randint(1, 3))
-            lock = lock_documents(ids, namespace=spec.namespace, timeout=timeout, ttl=ttl, backend=self.backend)
-            return "documents", lock, False
-        return "global", global_lock(spec.global_name, timeout=timeout, ttl=ttl, backend=self.backend), False
-
-    def _next_op_id(self, *, peek: bool = False) -> str:
-        op_id = f"{self.process}-{self.count}"
-        if not peek:
-            self.count += 1
-        return op_id
+            return (
+                "documents",
+                api,
+                getattr(module, f"{prefix}lock_documents")(ids, namespace=spec.namespace, **common),
+                False,
+            )
+        return "global", api, getattr(module, f"{prefix}global_lock")(spec.global_name, **common), False
 
     # --- one operation ---------------------------------------------------------
+    #
+    # Written once as a generator of steps (acquire, sleep, checkpoint, release)
+    # that a blocking and an async driver run: the same workload through both APIs.
 
     def on_lost(self, lock: Any, reason: str) -> None:
         """Receiver of ``lock_lost``: the renewer (or a release) told the holder."""
@@ -107,24 +110,42 @@ class Workload:
             self.history.record("lost", op=op_id, how=f"lock_lost signal: {reason}")
 
     def run_one(self, set_holding: Callable[[int], None], bump: Callable[[int], None]) -> None:
+        kind, api, lock, has_intent = self.random_lock()
+        op_id = f"{self.process}-{self.count}"
+        self.count += 1
+        steps = self._steps(op_id, kind, api, lock, has_intent, set_holding, bump)
+        if api == "sync":
+            _drive(steps, lambda step: _blocking_step(lock, step))
+        else:
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+            self.loop.run_until_complete(_adrive(steps, lambda step: _async_step(lock, step)))
+
+    def close(self) -> None:
+        if self.loop is not None:
+            with contextlib.suppress(Exception):
+                self.loop.run_until_complete(self.backend.aclose())
+            self.loop.close()
+
+    def _steps(
+        self,
+        op_id: str,
+        kind: str,
+        api: str,
+        lock: Any,
+        has_intent: bool,
+        set_holding: Callable[[int], None],
+        bump: Callable[[int], None],
+    ) -> Generator[tuple[Any, ...], Any, None]:
         from ..exceptions import LockBackendUnavailable, LockError, LockLost, LockTimeout, LockUnavailable
 
-        kind, lock, has_intent = self.random_lock()
-        op_id = self._next_op_id()
         hold = round(self.rng.uniform(0.0, self.spec.max_hold), 3)
         record = self.history.record
-        record(
-            "invoke",
-            op=op_id,
-            kind=kind,
-            nodes=node_list(lock.targets),
-            timeout=lock.timeout,
-            hold=hold,
-            intent=lock.intent,
-        )
+        nodes = node_list(lock.targets)
+        record("invoke", op=op_id, kind=kind, api=api, nodes=nodes, timeout=lock.timeout, hold=hold, intent=lock.intent)
         bump(0)
         try:
-            lock.acquire()
+            yield ("acquire",)
         except LockTimeout as e:
             record("fail", op=op_id, outcome="timeout", error=str(e))
             return
@@ -133,7 +154,7 @@ class Workload:
             return
         except LockBackendUnavailable as e:
             record("fail", op=op_id, outcome="store_unavailable", error=str(e))
-            time.sleep(self.rng.uniform(0.05, 0.2))  # as an app would, rather than hammer a store that is down
+            yield ("sleep", self.rng.uniform(0.05, 0.2))  # as an app would, rather than hammer a store that is down
             return
         except Exception:  # noqa: BLE001 - an unexpected end is what check (c) reports
             record("fail", op=op_id, outcome="error", error=traceback.format_exc())
@@ -143,7 +164,7 @@ class Workload:
         bump(1)
         set_holding(2 if has_intent else 1)
         try:
-            self._hold(op_id, lock, hold, has_intent)
+            yield from self._hold(op_id, lock, hold, has_intent)
         finally:
             t = time.monotonic()
             valid = not lock.lost
@@ -153,7 +174,7 @@ class Workload:
             set_holding(0)
             outcome, error = "ok", None
             try:
-                lock.release()
+                yield ("release",)
             except LockLost as e:
                 outcome, error = "lost", str(e)
                 record("lost", op=op_id, how="LockLost at release")
@@ -166,7 +187,7 @@ class Workload:
                 bump(2)
             record("released", op=op_id, outcome=outcome, error=error)
 
-    def _hold(self, op_id: str, lock: Any, hold: float, has_intent: bool) -> None:
+    def _hold(self, op_id: str, lock: Any, hold: float, has_intent: bool) -> Generator[tuple[Any, ...], Any, None]:
         """Act under the lock for ``hold`` seconds: writes stamped with the token, checkpoints with an intent.
 
         Each write records whether ``lock.lost`` was False when it began. After
@@ -190,7 +211,7 @@ class Workload:
             step += 1
             if has_intent and step % 3 == 0:
                 try:
-                    lock.checkpoint({"step": step})
+                    yield ("checkpoint", {"step": step})
                 except LockLost:
                     record("checkpoint", op=op_id, data={"step": step}, outcome="lost")
                     record("lost", op=op_id, how="LockLost at checkpoint")
@@ -199,11 +220,60 @@ class Workload:
                     record("checkpoint", op=op_id, data={"step": step}, outcome="store_unavailable", error=str(e))
                 else:
                     record("checkpoint", op=op_id, data={"step": step}, outcome="ok")
-            time.sleep(min(self.rng.uniform(0.01, 0.04), max(0.0, end - time.monotonic())))
+            yield ("sleep", min(self.rng.uniform(0.01, 0.04), max(0.0, end - time.monotonic())))
+
+
+def _blocking_step(lock: Any, step: tuple[Any, ...]) -> Any:
+    if step[0] == "sleep":
+        return time.sleep(step[1])
+    if step[0] == "checkpoint":
+        return lock.checkpoint(step[1])
+    return getattr(lock, step[0])()  # acquire, release
+
+
+async def _async_step(lock: Any, step: tuple[Any, ...]) -> Any:
+    if step[0] == "sleep":
+        return await asyncio.sleep(step[1])
+    if step[0] == "checkpoint":
+        return await lock.checkpoint(step[1])
+    return await getattr(lock, step[0])()
+
+
+def _drive(steps: Generator[tuple[Any, ...], Any, None], do: Callable[[tuple[Any, ...]], Any]) -> None:
+    """Run ``steps`` with blocking calls: each step's result is sent back, its exception thrown in."""
+    outcome: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(outcome)
+        except StopIteration:
+            return
+        outcome, error = None, None
+        try:
+            outcome = do(step)
+        except Exception as e:  # noqa: BLE001 - handed to the generator, which decides
+            error = e
+
+
+async def _adrive(steps: Generator[tuple[Any, ...], Any, None], do: Callable[[tuple[Any, ...]], Any]) -> None:
+    """Run ``steps`` with awaited calls, as :func:`_drive` does."""
+    outcome: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(outcome)
+        except StopIteration:
+            return
+        outcome, error = None, None
+        try:
+            outcome = await do(step)
+        except Exception as e:  # noqa: BLE001 - handed to the generator, which decides
+            error = e
 
 
 def worker_main(spec: WorkloadSpec, slot: int, process: str, shared: Mapping[str, Any]) -> None:
     """Body of one spawned worker: set Django up, wait for "go", run requests until the stop time."""
+    faulthandler.enable()  # a worker that crashes says where, in the command's stderr
     if spec.settings_module:
         os.environ["DJANGO_SETTINGS_MODULE"] = spec.settings_module
     import django
@@ -235,7 +305,10 @@ def worker_main(spec: WorkloadSpec, slot: int, process: str, shared: Mapping[str
         while time.monotonic() < stop_at.value:
             workload.run_one(set_holding, bump)
     finally:
-        backend.close()
+        # Not backend.close(): the database backend closes every thread's connection, and
+        # SQLite segfaults when that meets a renewal still running on the renewer thread (a
+        # renewal that began just before the last release). The process exit closes them.
+        workload.close()
         history.close()
 
 
