@@ -147,3 +147,23 @@ def test_the_store_fault_proxies_each_kind_of_endpoint(settings):
 
     target, why = _proxy_target({"BACKEND": "x", "OPTIONS": {"url": "sqlite:////tmp/locks.sqlite3"}, "TTL": 30})
     assert target is None and "SQLite" in why
+
+
+def test_intents_a_killed_holder_must_be_recovered_with_a_checkpoint_it_made():
+    intent = {"op": "django_esdlock.lock_check", "run": "ns", "op_id": "p1-0"}
+    held = [e for e in _op("p1-0", "p1", 0.0, 0.1, 9.0, 5) if e["type"] in ("invoke", "ok", "write")]
+    held[0]["intent"] = intent
+    checkpoint = {"t": 0.3, "process": "p1", "type": "checkpoint", "op": "p1-0", "data": {"step": 3}, "outcome": "ok"}
+    kill = {"t": 0.5, "process": "nemesis", "type": "kill", "victim": "p1"}
+    events = [*held, checkpoint, kill]
+    assert [v.check for v in check_history(events)] == ["e"]  # killed with an intent, never recovered
+
+    def recovered(step, t=2.0):
+        return {"t": t, "process": "reaper", "type": "recovered", "intent_op": "p1-0", "checkpoint": {"step": step}}
+
+    assert check_history([*events, recovered(3)]) == []
+    assert [v.check for v in check_history([*events, recovered(0)])] == ["e"]  # an older checkpoint
+    assert [v.check for v in check_history([*events, recovered(6)])] == ["e"]  # one never made
+    # A checkpoint in flight when the reaper took over may be seen before its holder records it.
+    in_flight = {**checkpoint, "t": 2.5, "data": {"step": 6}}
+    assert check_history([*events, in_flight, recovered(6)]) == []

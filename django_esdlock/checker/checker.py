@@ -307,9 +307,11 @@ def check_intents(events: list[dict[str, Any]], ops: dict[str, Operation], fault
             continue
         if rec is None:
             continue
-        before = [c for c in op.checkpoints if c["t"] < rec["t"]]
-        done_steps = [c["data"]["step"] for c in before if c.get("outcome") == "ok"]
-        tried_steps = [c["data"]["step"] for c in before] + [0]
+        # At least every checkpoint recorded as done before the recovery (the holder records
+        # it once the store answered); at most one the holder tried (in flight, or whose
+        # answer was lost, it may have been stored).
+        done_steps = [c["data"]["step"] for c in op.checkpoints if c.get("outcome") == "ok" and c["t"] < rec["t"]]
+        tried_steps = [c["data"]["step"] for c in op.checkpoints] + [0]
         got = (rec.get("checkpoint") or {}).get("step", 0)
         if got < max(done_steps, default=0) or got > max(tried_steps):
             violations.append(
@@ -359,6 +361,7 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         "locks_lost": len(lost),
         "intents": sum(op.granted and op.has_intent for op in workload),
         "recovered": sum(e["type"] == "recovered" for e in events),
+        "reaper_passes_failed": sum(e["type"] == "reap_failed" for e in events),
         "faults": faults,
         "kills_holding_intent": sum(e["type"] == "kill" and e.get("holding") == 2 for e in events),
         "leftovers": sum(e["type"] == "leftover" for e in events),

@@ -73,7 +73,10 @@ class Nemesis:
         slot = self._victim()
         process, pid = self.workers.process(slot)
         seconds = self.ttl * 1.5 + 0.3
-        os.kill(pid, signal.SIGSTOP)
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return  # it ended meanwhile (the run is over)
         self.record("pause", victim=process, pid=pid, seconds=seconds, holding=self.workers.holding()[slot])
         try:
             time.sleep(seconds)
@@ -87,7 +90,10 @@ class Nemesis:
         slot = self._victim(2 if self._kills % 2 == 0 else 1)
         process, pid = self.workers.process(slot)
         holding = self.workers.holding()[slot]
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
         self.record("kill", victim=process, pid=pid, holding=holding)
         self.workers.respawn(slot)
 

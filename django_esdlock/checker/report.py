@@ -35,7 +35,11 @@ def summary_table(result: CheckResult) -> str:
         ("  granted", str(s["grants"])),
         *((f"  {name}", str(n)) for name, n in outcomes.items() if name != "granted"),
         ("writes under locks", f"{s['writes']} ({s['late_writes']} late writes after a loss, fenced off)"),
-        ("intents", f"{s['intents']} ({s['recovered']} recovered by the reaper)"),
+        (
+            "intents",
+            f"{s['intents']} ({s['recovered']} recovered by the reaper; "
+            f"{s['reaper_passes_failed']} reaper passes failed on the store)",
+        ),
         (
             "faults injected",
             ", ".join(f"{name} {faults[name]}" for name in ("pause", "kill", "store") if name in result.options.faults)
