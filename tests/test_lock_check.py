@@ -167,3 +167,54 @@ def test_intents_a_killed_holder_must_be_recovered_with_a_checkpoint_it_made():
     # A checkpoint in flight when the reaper took over may be seen before its holder records it.
     in_flight = {**checkpoint, "t": 2.5, "data": {"step": 6}}
     assert check_history([*events, in_flight, recovered(6)]) == []
+
+
+def test_the_proxy_forwards_then_a_cut_fails_connections_at_once_until_restored():
+    import socket
+    import threading
+
+    from django_esdlock.checker.proxy import Proxy
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(10)
+
+    def serve(conn):
+        with contextlib.suppress(OSError), conn:
+            while data := conn.recv(100):
+                conn.sendall(data)
+
+    def echo():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=echo, daemon=True).start()
+    proxy = Proxy("127.0.0.1", server.getsockname()[1])
+    try:
+
+        def roundtrip():
+            with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as client:
+                client.sendall(b"ping")
+                return client.recv(100)
+
+        assert roundtrip() == b"ping"
+        held = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        held.sendall(b"a")
+        assert held.recv(100) == b"a"
+        proxy.cut()
+        with pytest.raises(OSError):  # reset, or closed: either fails the request at once
+            held.sendall(b"b")
+            if held.recv(100) == b"":
+                raise ConnectionResetError("closed")
+        with pytest.raises(OSError):
+            if roundtrip() == b"":
+                raise ConnectionResetError("closed")
+        proxy.restore()
+        assert roundtrip() == b"ping"
+        held.close()
+    finally:
+        proxy.close()
+        server.close()
