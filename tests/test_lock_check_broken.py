@@ -117,7 +117,7 @@ def test_a_request_that_outlives_its_timeout_is_caught(broken):
 
 
 def test_locks_left_held_are_caught(broken):
-    result = broken("LeakyBackend", faults=(), processes=2, seed=5)
+    result = broken("LeakyBackend", faults=(), processes=2, ttl=0.5, seed=5)
     assert "d" in checks_of(result), result.report()
 
 
