@@ -41,6 +41,11 @@ from .common import Dialect, decode_cursor, encode_cursor, json_text, record, ta
 from .postgresql import SETUP_LOCK_KEY, PostgresDialect
 from .sqlite import SQLiteDialect
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock file, concurrent first uses may race
+    fcntl = None  # type: ignore[assignment]
+
 logger = logging.getLogger("django_esdlock")
 
 T = TypeVar("T")
@@ -75,8 +80,34 @@ class _ThreadConnection:
 
     def __del__(self) -> None:
         if self.pid == os.getpid():  # a forked child must not end its parent's session
+            _close_when_idle(self.wrapper)
+
+
+def _close_when_idle(wrapper: BaseDatabaseWrapper) -> None:
+    """Close ``wrapper`` now if no call runs on it, else make the thread running one close it after.
+
+    ``close()`` and the garbage collector come from other threads than the
+    connection's: closing a connection under a running statement crashes
+    SQLite (a segmentation fault) and breaks psycopg's protocol state.
+    """
+    in_use: threading.RLock = wrapper._esdlock_in_use  # type: ignore[attr-defined]
+    wrapper._esdlock_close = True  # type: ignore[attr-defined]
+    if in_use.acquire(blocking=False):  # else the thread using it sees the flag when its call ends
+        try:
             with contextlib.suppress(Exception):
-                self.wrapper.close()
+                wrapper.close()
+        finally:
+            in_use.release()
+
+
+@contextlib.contextmanager
+def _in_use(wrapper: BaseDatabaseWrapper) -> Iterator[None]:
+    """Mark ``wrapper`` busy for a call; if it was closed meanwhile from elsewhere, close it after the call."""
+    in_use: threading.RLock = wrapper._esdlock_in_use  # type: ignore[attr-defined]
+    with in_use:
+        yield
+    if getattr(wrapper, "_esdlock_close", False):
+        _close_when_idle(wrapper)
 
 
 class DatabaseLockBackend(BaseLockBackend):
@@ -179,6 +210,7 @@ class DatabaseLockBackend(BaseLockBackend):
         settings_dict = {**base, "OPTIONS": options, "AUTOCOMMIT": True, "ATOMIC_REQUESTS": False}
         wrapper = load_backend(settings_dict["ENGINE"]).DatabaseWrapper(settings_dict, self.using or URL_ALIAS)
         wrapper.inc_thread_sharing()  # close() may come from another thread
+        wrapper._esdlock_in_use = threading.RLock()  # type: ignore[attr-defined]  # see _close_when_idle
         return wrapper
 
     @property
@@ -213,8 +245,7 @@ class DatabaseLockBackend(BaseLockBackend):
             ours = self._pid == os.getpid()
         if ours:
             for wrapper in wrappers:
-                with contextlib.suppress(Exception):
-                    wrapper.close()
+                _close_when_idle(wrapper)
             loop_sessions, self._loop_sessions = self._loop_sessions, weakref.WeakKeyDictionary()
             close_per_loop(loop_sessions, LoopSessions.aclose)
 
@@ -263,7 +294,7 @@ class DatabaseLockBackend(BaseLockBackend):
         wrapper = self.connection
         for first_try in (True, False):
             try:
-                with self._translate(action):
+                with self._translate(action), _in_use(wrapper):
                     return self._run_once(wrapper, work, transaction)
             except LockBackendUnavailable as e:
                 if first_try and not self._schema_ready and self._is_missing_schema(e):
@@ -315,7 +346,7 @@ class DatabaseLockBackend(BaseLockBackend):
         from django.db.migrations.executor import MigrationExecutor
 
         wrapper = self.connection
-        with self._translate("create the lock tables"), _as_django_connection(wrapper):
+        with self._translate("create the lock tables"), _in_use(wrapper), _as_django_connection(wrapper):
             self._prepare(wrapper)
             with self._setup_guard(wrapper):
                 for last_try in (False, True):
@@ -337,8 +368,19 @@ class DatabaseLockBackend(BaseLockBackend):
 
     @contextlib.contextmanager
     def _setup_guard(self, wrapper: BaseDatabaseWrapper) -> Iterator[None]:
+        """Let one process at a time create the tables: an advisory lock, or on SQLite a lock file beside it."""
         if not isinstance(self.dialect, PostgresDialect):
-            yield
+            if fcntl is None:
+                yield
+                return
+            # Migrations record what they applied after applying it: a second
+            # process that looks in between would create the tables again.
+            with open(f"{self._base_settings()['NAME']}.setup-lock", "a") as guard:
+                fcntl.flock(guard, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(guard, fcntl.LOCK_UN)
             return
         with wrapper.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_lock(%s)", [SETUP_LOCK_KEY])
@@ -477,7 +519,8 @@ class DatabaseLockBackend(BaseLockBackend):
                     )
                     return
                 step = backoff_delay(attempt, initial=NOTIFY_FALLBACK_INITIAL, cap=NOTIFY_FALLBACK_CAP)
-                listener.wait(wrapper, min(timeout, step))
+                with _in_use(wrapper):
+                    listener.wait(wrapper, min(timeout, step))
         except LockBackendUnavailable as e:
             logger.info("waiting without notifications: %s", e)
             self._discard(wrapper)

@@ -1,0 +1,6 @@
+"""lock_check: a randomized, fault-injecting workload and a checker of its history (Jepsen style)."""
+
+from .checker import Violation, check_history
+from .run import CheckOptions, CheckResult, run_check
+
+__all__ = ["CheckOptions", "CheckResult", "Violation", "check_history", "run_check"]

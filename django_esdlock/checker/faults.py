@@ -1,0 +1,109 @@
+"""The nemesis: pauses (SIGSTOP past the lease, then SIGCONT), kills (SIGKILL mid-hold) and store cuts."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+FAULTS = ("pause", "kill", "store")
+
+
+class Nemesis:
+    """Injects the enabled faults in turn, at random moments, until the run's stop time.
+
+    ``pids()`` gives the current pid of each worker slot and ``holding()``
+    what each slot holds (0 nothing, 1 a lock, 2 a lock with an intent);
+    ``respawn(slot)`` replaces a killed worker.
+    """
+
+    def __init__(
+        self,
+        faults: Sequence[str],
+        *,
+        ttl: float,
+        rng: random.Random,
+        record: Callable[..., Any],
+        workers: Any,
+        proxy: Any | None,
+    ) -> None:
+        self.faults = list(faults)
+        self.ttl = ttl
+        self.rng = rng
+        self.record = record
+        self.workers = workers
+        self.proxy = proxy
+        self.injected = dict.fromkeys(FAULTS, 0)
+        self._kills = 0
+
+    def run(self, stop_at: float, stopping: Callable[[], bool]) -> None:
+        if not self.faults:
+            return
+        self._sleep(self.rng.uniform(0.2, 0.5) * self.ttl, stopping)
+        turn = 0
+        while not stopping() and time.monotonic() < stop_at - 0.3:
+            fault = self.faults[turn % len(self.faults)]
+            getattr(self, fault)(stopping)
+            self.injected[fault] += 1
+            turn += 1
+            self._sleep(self.rng.uniform(0.3, 1.0) * self.ttl, stopping)
+
+    def _sleep(self, seconds: float, stopping: Callable[[], bool]) -> None:
+        end = time.monotonic() + seconds
+        while not stopping() and time.monotonic() < end:
+            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+    def _victim(self, want: int | None = None, within: float = 1.0) -> int:
+        """Return a slot that holds a lock (with an intent if ``want`` is 2), waiting up to ``within`` seconds."""
+        deadline = time.monotonic() + within
+        while True:
+            holding = self.workers.holding()
+            slots = [i for i, h in enumerate(holding) if (h == want if want else h > 0)]
+            if slots:
+                return self.rng.choice(slots)
+            if time.monotonic() >= deadline:
+                return self.rng.randrange(len(holding))
+            time.sleep(0.005)
+
+    def pause(self, stopping: Callable[[], bool]) -> None:
+        """SIGSTOP a holder for longer than its lease, then SIGCONT it (a GC pause)."""
+        slot = self._victim()
+        process, pid = self.workers.process(slot)
+        seconds = self.ttl * 1.5 + 0.3
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return  # it ended meanwhile (the run is over)
+        self.record("pause", victim=process, pid=pid, seconds=seconds, holding=self.workers.holding()[slot])
+        try:
+            time.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            self.record("resume", victim=process, pid=pid)
+
+    def kill(self, stopping: Callable[[], bool]) -> None:
+        """SIGKILL a holder mid-hold, every other time one that holds an intent; start a new worker in its place."""
+        self._kills += 1
+        slot = self._victim(2 if self._kills % 2 == 0 else 1)
+        process, pid = self.workers.process(slot)
+        holding = self.workers.holding()[slot]
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        self.record("kill", victim=process, pid=pid, holding=holding)
+        self.workers.respawn(slot)
+
+    def store(self, stopping: Callable[[], bool]) -> None:
+        """Cut every connection to the store for about a lease, then restore it."""
+        seconds = self.rng.uniform(0.5, 1.5) * self.ttl
+        self.proxy.cut()
+        self.record("cut", seconds=seconds)
+        try:
+            time.sleep(seconds)
+        finally:
+            self.proxy.restore()
+            self.record("restore")

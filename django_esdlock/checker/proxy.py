@@ -1,0 +1,98 @@
+"""A loopback TCP proxy between the workers and the store, which the store fault cuts and restores."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+
+BUFFER = 65536
+
+
+class Proxy:
+    """Forward ``127.0.0.1:port`` to ``(host, port)``; :meth:`cut` drops every connection and refuses new ones.
+
+    A cut is a fast failure, not a black hole: open connections are reset and
+    new ones are accepted and closed at once, so clients see errors instead of
+    waiting out their socket timeouts.
+    """
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._cut = False
+        self._closed = False
+        self.connections = 0
+        self.refused = 0
+        self._thread = threading.Thread(target=self._accept, name="lock-check-proxy", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                refuse = self._cut or self._closed
+            if refuse:
+                self.refused += 1
+                _reset(client)
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                _reset(client)
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._sockets.update((client, upstream))
+                self.connections += 1
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(BUFFER):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+            with self._lock:
+                self._sockets.discard(source)
+            source.close()
+
+    def cut(self) -> None:
+        """Reset every open connection and refuse new ones until :meth:`restore`."""
+        with self._lock:
+            self._cut = True
+            sockets, self._sockets = self._sockets, set()
+        for s in sockets:
+            _reset(s)
+
+    def restore(self) -> None:
+        with self._lock:
+            self._cut = False
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self.cut()
+        self._listener.close()
+
+
+def _reset(s: socket.socket) -> None:
+    """Drop ``s`` so the peer fails at once: a reset on close (SO_LINGER 0); the shutdown wakes its pump."""
+    with contextlib.suppress(OSError):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        s.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        s.close()

@@ -1,0 +1,74 @@
+"""What lock_check prints: a progress line while it runs, a summary table, and each violation's slice."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .checker import CHECKS
+from .run import CheckResult
+
+BAR = 30
+
+
+def progress_line(state: dict[str, Any]) -> str:
+    done = int(BAR * state["elapsed"] / state["seconds"]) if state["seconds"] else BAR
+    return (
+        f"[{'#' * done}{'.' * (BAR - done)}] {state['elapsed']:5.1f}/{state['seconds']:g}s  "
+        f"ops {state['operations']}  grants {state['grants']}  faults {state['faults']}  lost {state['lost']}"
+    )
+
+
+def summary_table(result: CheckResult) -> str:
+    s = result.summary
+    faults = s["faults"]
+    outcomes = s["outcomes"]
+    rows = [
+        ("store", result.backend),
+        ("namespace", f"{result.namespace} (and global lock {result.global_name!r})"),
+        (
+            "run",
+            f"{result.options.processes} processes, {result.options.seconds:g}s, lease {result.options.ttl:g}s, "
+            f"slack {result.options.slack:g}s, seed {result.seed}",
+        ),
+        ("operations", str(s["operations"])),
+        ("  granted", str(s["grants"])),
+        *((f"  {name}", str(n)) for name, n in outcomes.items() if name != "granted"),
+        ("writes under locks", f"{s['writes']} ({s['late_writes']} late writes after a loss, fenced off)"),
+        (
+            "intents",
+            f"{s['intents']} ({s['recovered']} recovered by the reaper; "
+            f"{s['reaper_passes_failed']} reaper passes failed on the store)",
+        ),
+        (
+            "faults injected",
+            ", ".join(f"{name} {faults[name]}" for name in ("pause", "kill", "store") if name in result.options.faults)
+            or "none",
+        ),
+        *((f"  {name}", f"skipped: {why}") for name, why in result.skipped.items()),
+        ("  kills of intent holders", str(s["kills_holding_intent"])) if "kill" in result.options.faults else None,
+        ("locks lost", f"{s['locks_lost']}, each told to its holder (lock.lost / LockLost)"),
+        ("left held after reap", str(s["leftovers"])),
+        ("violations", str(len(result.violations))),
+    ]
+    rows = [row for row in rows if row is not None]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def format_event(event: dict[str, Any], origin: float) -> str:
+    skip = {"t", "wall", "process", "type"}
+    fields = " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in event.items() if k not in skip)
+    return f"  {event['t'] - origin:9.3f}s  {event['process']:<8} {event['type']:<10} {fields}"
+
+
+def violation_text(result: CheckResult, limit: int = 10) -> str:
+    """The first ``limit`` violations, each with its minimal slice of history."""
+    origin = result.events[0]["t"] if result.events else 0.0
+    lines = []
+    for violation in result.violations[:limit]:
+        lines.append(f"VIOLATION ({violation.check}) {CHECKS[violation.check]}: {violation.message}")
+        lines.extend(format_event(e, origin) for e in violation.events)
+    if len(result.violations) > limit:
+        lines.append(f"... and {len(result.violations) - limit} more (--json or --history for all)")
+    return "\n".join(lines)

@@ -1,0 +1,489 @@
+"""One lock_check run: start the store proxy and the workers, inject faults, reap, and check the history."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..conf import backend_config, load_backend
+from ..exceptions import LockError
+from ..records import Kind, Node
+from .checker import DEFAULT_SLACK, Violation, check_history, summarize
+from .faults import FAULTS, Nemesis
+from .history import HistoryWriter, read_events, write_history
+from .proxy import Proxy
+from .workload import COUNTERS, WorkloadSpec, _recoveries, node_list, worker_main
+
+
+def _context() -> Any:
+    """Forkserver (workers forked from a server that set Django up once), else spawn.
+
+    Never plain fork: the command runs threads (proxy, reaper, nemesis).
+    """
+    try:
+        context = multiprocessing.get_context("forkserver")
+    except ValueError:
+        return multiprocessing.get_context("spawn")
+    context.set_forkserver_preload(["django_esdlock.checker.preload"])
+    return context
+
+
+START_TIMEOUT = 120.0
+"""Seconds the workers may take to start (spawn, Django setup, first connection)."""
+
+
+@dataclasses.dataclass
+class CheckOptions:
+    """How big a run is and what it does to the store."""
+
+    processes: int = 8
+    seconds: float = 60.0
+    faults: Sequence[str] = FAULTS
+    seed: int | None = None
+    ttl: float = 2.0
+    """The workload's lease (seconds): pauses last 1.5 leases, store cuts 0.5-1.5."""
+    slack: float = DEFAULT_SLACK
+    hold: float | None = None
+    """Longest hold of a grant (default the smaller of 0.3 s and a third of the lease)."""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.faults) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown fault(s) {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
+        if self.processes < 1 or self.seconds <= 0 or self.ttl <= 0 or self.slack < 0:
+            raise ValueError("processes, seconds and ttl must be positive, slack not negative")
+
+    @property
+    def max_hold(self) -> float:
+        return self.hold if self.hold is not None else min(0.3, self.ttl / 3)
+
+    @property
+    def max_timeout(self) -> float:
+        return self.ttl * 1.5
+
+
+@dataclasses.dataclass
+class CheckResult:
+    """What a run did and found."""
+
+    backend: str
+    namespace: str
+    global_name: str
+    seed: int
+    options: CheckOptions
+    skipped: dict[str, str]
+    events: list[dict[str, Any]]
+    violations: list[Violation]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return summarize(self.events)
+
+    def report(self) -> str:
+        """The summary table and, if any, each violation with its slice of history."""
+        from .report import summary_table, violation_text
+
+        return summary_table(self) + ("\n" + violation_text(self) if self.violations else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "backend": self.backend,
+            "namespace": self.namespace,
+            "global_lock": self.global_name,
+            "seed": self.seed,
+            "processes": self.options.processes,
+            "seconds": self.options.seconds,
+            "ttl": self.options.ttl,
+            "slack": self.options.slack,
+            "faults": list(self.options.faults),
+            "skipped_faults": self.skipped,
+            "summary": self.summary,
+            "violations": [v.as_dict() for v in self.violations],
+            "wall_seconds": round(self.seconds, 3),
+        }
+
+
+# --- the store proxy ----------------------------------------------------------
+
+
+def _proxy_target(config: dict[str, Any]) -> tuple[tuple[str, int] | None, str]:
+    """Return (host, port) of the store's TCP endpoint, or None and why the store fault cannot apply."""
+    options = config["OPTIONS"]
+    if "hosts" in options:
+        hosts = options["hosts"]
+        url = hosts[0] if isinstance(hosts, (list, tuple)) else hosts
+        if not isinstance(url, str):
+            return None, "the Elasticsearch hosts are not given as URLs"
+        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme != "http":
+            return None, "the Elasticsearch URL is https (a proxy on 127.0.0.1 would fail certificate checks)"
+        return (parts.hostname or "127.0.0.1", parts.port or 9200), ""
+    url = options.get("url")
+    if url is None and "using" in options:
+        from django.db import connections
+
+        settings = connections.settings[options["using"]]
+        if "postgresql" not in settings["ENGINE"]:
+            return None, f"database alias {options['using']!r} is not PostgreSQL (SQLite is a local file)"
+        return (settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or 5432)), ""
+    if url is None:
+        return None, f"{config['BACKEND']} names no TCP endpoint"
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "sqlite":
+        return None, "SQLite is a local file: there is no connection to cut"
+    return (parts.hostname or "127.0.0.1", parts.port or 5432), ""
+
+
+def _through_proxy(config: dict[str, Any], port: int) -> dict[str, Any]:
+    """Return ``config`` with its store endpoint replaced by the proxy's."""
+    options = dict(config["OPTIONS"])
+    if "hosts" in options:
+        options["hosts"] = [f"http://127.0.0.1:{port}"]
+    elif "url" in options:
+        parts = urllib.parse.urlsplit(options["url"])
+        auth = parts.netloc.rpartition("@")[0]
+        options["url"] = urllib.parse.urlunsplit(parts._replace(netloc=f"{auth + '@' if auth else ''}127.0.0.1:{port}"))
+    else:  # a DATABASES alias: the same database, by URL
+        from django.db import connections
+
+        settings = connections.settings[options.pop("using")]
+        user = urllib.parse.quote(settings.get("USER") or "", safe="")
+        password = urllib.parse.quote(settings.get("PASSWORD") or "", safe="")
+        auth = f"{user}:{password}@" if password else f"{user}@" if user else ""
+        options["url"] = f"postgres://{auth}127.0.0.1:{port}/{urllib.parse.quote(settings['NAME'], safe='')}"
+    return {**config, "OPTIONS": options}
+
+
+# --- the worker processes ---------------------------------------------------------
+
+
+class Workers:
+    """The N worker processes, one per slot; a killed one is replaced by a new process in its slot."""
+
+    def __init__(self, spec: WorkloadSpec, n: int, record: Callable[..., Any]) -> None:
+        self.spec = spec
+        self.record = record
+        self.context = _context()
+        self.shared = {
+            "holding": self.context.Array("i", n, lock=False),
+            "ready": self.context.Array("i", n, lock=False),
+            "counters": self.context.Array("q", n * COUNTERS, lock=False),
+            "stop_at": self.context.Value("d", 0.0, lock=False),
+        }
+        self.generation = [0] * n
+        self.slots: list[tuple[str, Any]] = []
+        self.retired: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
+        for slot in range(n):
+            self.slots.append(self._start(slot))
+
+    def _start(self, slot: int) -> tuple[str, Any]:
+        gen = self.generation[slot]
+        name = f"w{slot}" if gen == 0 else f"w{slot}.{gen}"
+        process = self.context.Process(
+            target=worker_main, args=(self.spec, slot, name, self.shared), name=f"lock-check-{name}", daemon=True
+        )
+        process.start()
+        self.record("spawn", victim=name, pid=process.pid)
+        return name, process
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(self.shared["ready"]):
+            for name, process in self.slots:
+                if not process.is_alive():
+                    raise RuntimeError(f"worker {name} exited with {process.exitcode} while starting")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the workers did not start within {timeout:g}s")
+            time.sleep(0.02)
+
+    def go(self, stop_at: float) -> None:
+        self.shared["stop_at"].value = stop_at
+
+    def holding(self) -> list[int]:
+        return list(self.shared["holding"])
+
+    def counters(self) -> list[int]:
+        values = list(self.shared["counters"])
+        return [sum(values[i::COUNTERS]) for i in range(COUNTERS)]
+
+    def process(self, slot: int) -> tuple[str, int]:
+        with self._lock:
+            name, process = self.slots[slot]
+            return name, process.pid
+
+    def respawn(self, slot: int) -> None:
+        with self._lock:
+            name, process = self.slots[slot]
+            process.join(timeout=5)
+            self.retired.append((name, process))
+            self.shared["holding"][slot] = 0
+            self.generation[slot] += 1
+            self.slots[slot] = self._start(slot)
+
+    def join(self, deadline: float) -> None:
+        """Wait for every worker until ``deadline``; kill (and record as hung) those still running."""
+        for name, process in self.slots:
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGCONT)
+                process.kill()
+                process.join(timeout=10)
+                self.record("exit", victim=name, pid=process.pid, how="hung")
+            elif process.exitcode != 0:
+                self.record("exit", victim=name, pid=process.pid, how="crashed", exitcode=process.exitcode)
+            else:
+                self.record("exit", victim=name, pid=process.pid, how="done")
+
+    def kill_all(self) -> None:
+        for _, process in self.slots:
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGCONT)
+                process.kill()
+                process.join(timeout=10)
+
+
+# --- the run ------------------------------------------------------------------------
+
+
+class _Reaping(threading.Thread):
+    """The command's reaper: recovers the run's dead holders with intents while the workload runs."""
+
+    def __init__(self, backend: Any, namespace: str, every: float, record: Callable[..., Any]) -> None:
+        super().__init__(name="lock-check-reaper", daemon=True)
+        self.backend = backend
+        self.namespace = namespace
+        self.every = every
+        self.record = record
+        self.stop = threading.Event()
+        self.started_at = 0.0
+
+    def reap(self) -> None:
+        from ..reaper import Reaper
+
+        self.started_at = time.monotonic()
+        Reaper(self.backend, namespace=self.namespace).run()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every):
+            try:
+                self.reap()
+            except LockError as e:  # the store is cut, say: the next pass tries again
+                self.record("reap_failed", process="reaper", error=str(e))
+
+
+def run_check(
+    config: Any = None,
+    options: CheckOptions | None = None,
+    *,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    history: str | os.PathLike[str] | None = None,
+) -> CheckResult:
+    """Run the workload against the store of ``config`` (a LOCK_BACKEND value; default the setting) and check it.
+
+    Locks are taken in a fresh namespace ``lock-check-<hex>`` and one global
+    lock of that name: nothing else of the store is read or changed.
+    """
+    options = options or CheckOptions()
+    config = backend_config(config)
+    seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**31)
+    rng = random.Random(seed)
+    namespace = f"lock-check-{uuid.uuid4().hex[:10]}"
+    backend = load_backend(config)
+    backend.setup()  # before the workers: N processes creating the tables or index on first use would race
+    started = time.monotonic()
+    skipped: dict[str, str] = {}
+    proxy: Proxy | None = None
+    worker_config = config
+    if "store" in options.faults:
+        target, why = _proxy_target(config)
+        if target is None:
+            skipped["store"] = why
+        else:
+            proxy = Proxy(*target)
+            worker_config = _through_proxy(config, proxy.port)
+    faults = [f for f in options.faults if f not in skipped]
+    directory = tempfile.mkdtemp(prefix="lock-check-")
+    writer = HistoryWriter(Path(directory) / "command.jsonl", "command")
+    spec = WorkloadSpec(
+        config=worker_config,
+        namespace=namespace,
+        global_name=namespace,
+        ttl=options.ttl,
+        max_hold=options.max_hold,
+        max_timeout=options.max_timeout,
+        history_dir=directory,
+        settings_module=os.environ.get("DJANGO_SETTINGS_MODULE"),
+        seed=seed,
+    )
+    reaping = _Reaping(backend, namespace, max(options.ttl, 0.5), writer.record)
+    _recoveries[namespace] = _recorder(writer, reaping)
+    workers: Workers | None = None
+    try:
+        workers = Workers(spec, options.processes, writer.record)
+        workers.wait_ready(START_TIMEOUT)
+        stop_at = time.monotonic() + options.seconds
+        writer.record("start", namespace=namespace, seed=seed, process="command")
+        workers.go(stop_at)
+        reaping.start()
+        nemesis = Nemesis(
+            faults,
+            ttl=options.ttl,
+            rng=rng,
+            record=lambda kind, **kw: writer.record(kind, process="nemesis", **kw),
+            workers=workers,
+            proxy=proxy,
+        )
+        done = threading.Event()
+        thread = threading.Thread(target=nemesis.run, args=(stop_at, done.is_set), name="lock-check-nemesis")
+        thread.start()
+        while time.monotonic() < stop_at:
+            if progress:
+                progress(_progress(stop_at, options, workers, nemesis))
+            time.sleep(min(0.5, max(0.01, stop_at - time.monotonic())))
+        if progress:
+            progress(_progress(stop_at, options, workers, nemesis))
+        done.set()
+        thread.join(timeout=options.ttl * 2 + 10)
+        writer.record("stop", process="command")
+        workers.join(stop_at + options.max_timeout + options.max_hold + options.slack + options.ttl)
+        reaping.stop.set()
+        reaping.join(timeout=60)
+        if proxy is not None:
+            proxy.restore()
+        _final_reap(backend, spec, reaping, writer, options)
+    finally:
+        if workers is not None:
+            workers.kill_all()
+        _recoveries.pop(namespace, None)
+        if proxy is not None:
+            proxy.close()
+        writer.close()
+        events = read_events(sorted(Path(directory).glob("*.jsonl")))
+        shutil.rmtree(directory, ignore_errors=True)
+        backend.close()
+    if history is not None:
+        write_history(events, history)
+    violations = check_history(events, slack=options.slack)
+    result = CheckResult(
+        backend=backend.describe(),
+        namespace=namespace,
+        global_name=namespace,
+        seed=seed,
+        options=options,
+        skipped=skipped,
+        events=events,
+        violations=violations,
+        seconds=time.monotonic() - started,
+    )
+    if progress:
+        progress({"done": True})
+    return result
+
+
+def _progress(stop_at: float, options: CheckOptions, workers: Workers, nemesis: Nemesis) -> dict:
+    operations, grants, lost = workers.counters()
+    now = time.monotonic()
+    return {
+        "elapsed": min(options.seconds, max(0.0, options.seconds - (stop_at - now))),
+        "seconds": options.seconds,
+        "operations": operations,
+        "grants": grants,
+        "lost": lost,
+        "faults": sum(nemesis.injected.values()),
+    }
+
+
+def _recorder(writer: HistoryWriter, reaping: _Reaping) -> Callable[..., None]:
+    """Return what the recovery handler does for this run: record the takeover as a grant, and the recovery."""
+    count = [0]
+
+    def recovered(*, intent: Any, checkpoint: Any, lock: Any) -> None:
+        count[0] += 1
+        op = f"reaper-{count[0]}"
+        nodes = node_list(lock.targets)
+        record = writer.record
+        # The takeover was asked for after this reaper pass began: that is its invocation.
+        record("invoke", op=op, process="reaper", kind="recovery", nodes=nodes, timeout=None, intent=dict(intent),
+               recovery=True, t=reaping.started_at)  # fmt: skip
+        record("ok", op=op, process="reaper", holder=lock.holder_id, token=lock.token)
+        t = time.monotonic()
+        record("write", op=op, process="reaper", token=lock.token, valid=not lock.lost, t=t)
+        record("recovered", process="reaper", intent_op=intent.get("op_id"), holder=lock.holder_id,
+               token=lock.token, checkpoint=checkpoint, nodes=nodes)  # fmt: skip
+        t = time.monotonic()
+        record("release", op=op, process="reaper", valid=not lock.lost, t=t)
+
+    return recovered
+
+
+def _final_reap(
+    backend: Any, spec: WorkloadSpec, reaping: _Reaping, writer: HistoryWriter, options: CheckOptions
+) -> None:
+    """Let every lease run out, reap, free the global lock's expired holder; record what is still held."""
+    from ..locks import global_lock
+
+    if _held(backend, spec):  # killed, lost or hung holders: let their leases run out first
+        time.sleep(options.ttl + 0.2)
+    for attempt in range(3):
+        try:
+            reaping.reap()
+            break
+        except LockError as e:
+            if attempt == 2:
+                writer.record("reap_failed", process="command", error=str(e))
+            time.sleep(options.ttl)
+    # The global lock lives in namespace "default": evict its expired holder by taking it, never by reaping others'.
+    if backend.node_holders(Node("default", Kind.GLOBAL, spec.global_name)):
+        with contextlib.suppress(LockError):
+            lock = global_lock(spec.global_name, timeout=options.ttl * 2 + 1, ttl=options.ttl, backend=backend)
+            lock.acquire().release()
+    for record in _held(backend, spec):
+        _leftover(writer, record)
+
+
+def _held(backend: Any, spec: WorkloadSpec) -> list[Any]:
+    """Every holder record of the run: its namespace and its global lock."""
+    records = []
+    cursor = None
+    while True:
+        page = backend.holders(namespace=spec.namespace, cursor=cursor, limit=500)
+        records.extend(page.holders)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return records + backend.node_holders(Node("default", Kind.GLOBAL, spec.global_name))
+
+
+def _leftover(writer: HistoryWriter, record: Any) -> None:
+    writer.record(
+        "leftover",
+        process="command",
+        holder=record.holder_id,
+        node=str(record.node),
+        mode=record.mode.value,
+        token=record.token,
+        expires_at=record.expires_at.isoformat(),
+        intent=record.intent,
+    )

@@ -1,0 +1,324 @@
+"""The workload: a spawned process that takes random locks and records each step into its history file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import faulthandler
+import logging
+import os
+import random
+import time
+import traceback
+from collections.abc import Callable, Generator, Mapping
+from typing import Any
+
+from ..recovery import recovery_handler
+
+INTENT_OP = "django_esdlock.lock_check"
+"""The intent op of the workload's changes; the command's reaper recovers them."""
+
+READY_TIMEOUT = 120.0
+"""Seconds a worker waits for the command's "go" (every worker started)."""
+
+TREE_NAMES = ("a", "b")
+TREE_DEPTH = 3
+DOCUMENT_IDS = tuple(str(i) for i in range(1, 7))
+
+# Counters each worker keeps for the progress line, per slot: operations, grants, losses.
+COUNTERS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadSpec:
+    """What every worker of a run is given (picklable: it crosses the spawn)."""
+
+    config: dict[str, Any]
+    namespace: str
+    global_name: str
+    ttl: float
+    max_hold: float
+    max_timeout: float
+    history_dir: str
+    settings_module: str | None
+    seed: int
+
+
+def node_list(targets: Any) -> list[list[str]]:
+    """Return the (namespace, kind, key, mode) of each (node, mode) a lock takes, for the history."""
+    return [[node.namespace, node.kind.value, node.key, mode.value] for node, mode in targets]
+
+
+class Workload:
+    """Random requests against one backend, recorded: the body of a worker process."""
+
+    def __init__(self, spec: WorkloadSpec, process: str, rng: random.Random, history: Any, backend: Any) -> None:
+        self.spec = spec
+        self.process = process
+        self.rng = rng
+        self.history = history
+        self.backend = backend
+        self.count = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._ops_of_locks: dict[int, str] = {}
+
+    # --- what to ask for -----------------------------------------------------
+
+    ASYNC_SHARE = 0.25
+    """Share of requests made through the async API (``alock_tree`` ...) on the worker's event loop."""
+
+    def random_lock(self) -> tuple[str, str, Any, bool]:
+        """Return (kind, api, lock, has intent) of a random request."""
+        from .. import aio, locks
+
+        spec, rng = self.spec, self.rng
+        api = "async" if rng.random() < self.ASYNC_SHARE else "sync"
+        module: Any = aio if api == "async" else locks
+        prefix = "a" if api == "async" else ""
+        common = {"timeout": 0.0 if rng.random() < 0.2 else round(rng.uniform(0.05, spec.max_timeout), 3)}
+        common.update(ttl=spec.ttl, backend=self.backend)
+        roll = rng.random()
+        if roll < 0.6:
+            path = "/" + "/".join(rng.choice(TREE_NAMES) for _ in range(rng.randint(1, TREE_DEPTH)))
+            shared = rng.random() < 0.35
+            intent = None
+            if not shared and rng.random() < 0.35:
+                intent = {"op": INTENT_OP, "run": spec.namespace, "op_id": f"{self.process}-{self.count}"}
+            lock_tree = getattr(module, f"{prefix}lock_tree")
+            lock = lock_tree(path, shared=shared, namespace=spec.namespace, intent=intent, **common)
+            return "tree", api, lock, intent is not None
+        if roll < 0.85:
+            ids = rng.sample(DOCUMENT_IDS, rng.randint(1, 3))
+            return (
+                "documents",
+                api,
+                getattr(module, f"{prefix}lock_documents")(ids, namespace=spec.namespace, **common),
+                False,
+            )
+        return "global", api, getattr(module, f"{prefix}global_lock")(spec.global_name, **common), False
+
+    # --- one operation ---------------------------------------------------------
+    #
+    # Written once as a generator of steps (acquire, sleep, checkpoint, release)
+    # that a blocking and an async driver run: the same workload through both APIs.
+
+    def on_lost(self, lock: Any, reason: str) -> None:
+        """Receiver of ``lock_lost``: the renewer (or a release) told the holder."""
+        op_id = self._ops_of_locks.get(id(lock))
+        if op_id is not None:
+            self.history.record("lost", op=op_id, how=f"lock_lost signal: {reason}")
+
+    def run_one(self, set_holding: Callable[[int], None], bump: Callable[[int], None]) -> None:
+        kind, api, lock, has_intent = self.random_lock()
+        op_id = f"{self.process}-{self.count}"
+        self.count += 1
+        steps = self._steps(op_id, kind, api, lock, has_intent, set_holding, bump)
+        if api == "sync":
+            _drive(steps, lambda step: _blocking_step(lock, step))
+        else:
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+            self.loop.run_until_complete(_adrive(steps, lambda step: _async_step(lock, step)))
+
+    def close(self) -> None:
+        if self.loop is not None:
+            with contextlib.suppress(Exception):
+                self.loop.run_until_complete(self.backend.aclose())
+            self.loop.close()
+
+    def _steps(
+        self,
+        op_id: str,
+        kind: str,
+        api: str,
+        lock: Any,
+        has_intent: bool,
+        set_holding: Callable[[int], None],
+        bump: Callable[[int], None],
+    ) -> Generator[tuple[Any, ...], Any, None]:
+        from ..exceptions import LockBackendUnavailable, LockError, LockLost, LockTimeout, LockUnavailable
+
+        hold = round(self.rng.uniform(0.0, self.spec.max_hold), 3)
+        record = self.history.record
+        nodes = node_list(lock.targets)
+        record("invoke", op=op_id, kind=kind, api=api, nodes=nodes, timeout=lock.timeout, hold=hold, intent=lock.intent)
+        bump(0)
+        try:
+            yield ("acquire",)
+        except LockTimeout as e:
+            record("fail", op=op_id, outcome="timeout", error=str(e))
+            return
+        except LockUnavailable as e:
+            record("fail", op=op_id, outcome="unavailable", error=str(e))
+            return
+        except LockBackendUnavailable as e:
+            record("fail", op=op_id, outcome="store_unavailable", error=str(e))
+            yield ("sleep", self.rng.uniform(0.05, 0.2))  # as an app would, rather than hammer a store that is down
+            return
+        except Exception:  # noqa: BLE001 - an unexpected end is what check (c) reports
+            record("fail", op=op_id, outcome="error", error=traceback.format_exc())
+            return
+        self._ops_of_locks[id(lock)] = op_id
+        record("ok", op=op_id, holder=lock.holder_id, token=lock.token)
+        bump(1)
+        set_holding(2 if has_intent else 1)
+        try:
+            yield from self._hold(op_id, lock, hold, has_intent)
+        finally:
+            t = time.monotonic()
+            valid = not lock.lost
+            if not valid:
+                record("lost", op=op_id, how="lock.lost before release", t=t)
+            record("release", op=op_id, valid=valid, t=t)
+            set_holding(0)
+            outcome, error = "ok", None
+            try:
+                yield ("release",)
+            except LockLost as e:
+                outcome, error = "lost", str(e)
+                record("lost", op=op_id, how="LockLost at release")
+            except LockBackendUnavailable as e:
+                outcome, error = "store_unavailable", str(e)
+            except LockError as e:
+                outcome, error = "error", repr(e)
+            self._ops_of_locks.pop(id(lock), None)
+            if outcome == "lost":
+                bump(2)
+            record("released", op=op_id, outcome=outcome, error=error)
+
+    def _hold(self, op_id: str, lock: Any, hold: float, has_intent: bool) -> Generator[tuple[Any, ...], Any, None]:
+        """Act under the lock for ``hold`` seconds: writes stamped with the token, checkpoints with an intent.
+
+        Each write records whether ``lock.lost`` was False when it began. After
+        a loss the worker makes one more write, the late write of a holder
+        that did not look: fencing must refuse it.
+        """
+        from ..exceptions import LockBackendUnavailable, LockLost
+
+        record = self.history.record
+        end = time.monotonic() + hold
+        step = 0
+        while True:
+            t = time.monotonic()
+            valid = not lock.lost
+            record("write", op=op_id, token=lock.token, valid=valid, t=t)
+            if not valid:
+                record("lost", op=op_id, how="lock.lost", t=t)
+                return
+            if t >= end:
+                return
+            step += 1
+            if has_intent and step % 3 == 0:
+                try:
+                    yield ("checkpoint", {"step": step})
+                except LockLost:
+                    record("checkpoint", op=op_id, data={"step": step}, outcome="lost")
+                    record("lost", op=op_id, how="LockLost at checkpoint")
+                    return
+                except LockBackendUnavailable as e:
+                    record("checkpoint", op=op_id, data={"step": step}, outcome="store_unavailable", error=str(e))
+                else:
+                    record("checkpoint", op=op_id, data={"step": step}, outcome="ok")
+            yield ("sleep", min(self.rng.uniform(0.01, 0.04), max(0.0, end - time.monotonic())))
+
+
+def _blocking_step(lock: Any, step: tuple[Any, ...]) -> Any:
+    if step[0] == "sleep":
+        return time.sleep(step[1])
+    if step[0] == "checkpoint":
+        return lock.checkpoint(step[1])
+    return getattr(lock, step[0])()  # acquire, release
+
+
+async def _async_step(lock: Any, step: tuple[Any, ...]) -> Any:
+    if step[0] == "sleep":
+        return await asyncio.sleep(step[1])
+    if step[0] == "checkpoint":
+        return await lock.checkpoint(step[1])
+    return await getattr(lock, step[0])()
+
+
+def _drive(steps: Generator[tuple[Any, ...], Any, None], do: Callable[[tuple[Any, ...]], Any]) -> None:
+    """Run ``steps`` with blocking calls: each step's result is sent back, its exception thrown in."""
+    outcome: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(outcome)
+        except StopIteration:
+            return
+        outcome, error = None, None
+        try:
+            outcome = do(step)
+        except Exception as e:  # noqa: BLE001 - handed to the generator, which decides
+            error = e
+
+
+async def _adrive(steps: Generator[tuple[Any, ...], Any, None], do: Callable[[tuple[Any, ...]], Any]) -> None:
+    """Run ``steps`` with awaited calls, as :func:`_drive` does."""
+    outcome: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(outcome)
+        except StopIteration:
+            return
+        outcome, error = None, None
+        try:
+            outcome = await do(step)
+        except Exception as e:  # noqa: BLE001 - handed to the generator, which decides
+            error = e
+
+
+def worker_main(spec: WorkloadSpec, slot: int, process: str, shared: Mapping[str, Any]) -> None:
+    """Body of one spawned worker: set Django up, wait for "go", run requests until the stop time."""
+    faulthandler.enable()  # a worker that crashes says where, in the command's stderr
+    if spec.settings_module:
+        os.environ["DJANGO_SETTINGS_MODULE"] = spec.settings_module
+    import django
+
+    django.setup()
+    # Losing locks is this workload's job: their warnings would only bury the progress line.
+    logging.getLogger("django_esdlock").setLevel(logging.ERROR)
+    from .. import signals
+    from ..conf import load_backend
+    from .history import HistoryWriter
+
+    history = HistoryWriter(os.path.join(spec.history_dir, f"{process}.jsonl"), process)
+    backend = load_backend(spec.config)
+    workload = Workload(spec, process, random.Random(f"{spec.seed}/{process}"), history, backend)
+    signals.lock_lost.connect(lambda sender, lock, reason, **kw: workload.on_lost(lock, reason), weak=False)
+    holding, counters, stop_at, ready = shared["holding"], shared["counters"], shared["stop_at"], shared["ready"]
+
+    def set_holding(value: int) -> None:
+        holding[slot] = value
+
+    def bump(which: int) -> None:
+        counters[slot * COUNTERS + which] += 1
+
+    ready[slot] = 1
+    waited = time.monotonic() + READY_TIMEOUT
+    while stop_at.value == 0 and time.monotonic() < waited:
+        time.sleep(0.01)
+    try:
+        while time.monotonic() < stop_at.value:
+            workload.run_one(set_holding, bump)
+    finally:
+        # Not backend.close(): the database backend closes every thread's connection, and
+        # SQLite segfaults when that meets a renewal still running on the renewer thread (a
+        # renewal that began just before the last release). The process exit closes them.
+        workload.close()
+        history.close()
+
+
+_recoveries: dict[str, Callable[..., None]] = {}
+"""Run namespace -> what the command does when its reaper recovers one of the run's intents."""
+
+
+@recovery_handler(INTENT_OP)
+def recover(*, intent: Mapping[str, Any], checkpoint: Mapping[str, Any] | None, lock: Any) -> None:
+    """Recover a dead workload holder: the command of its run records it (roll forward is a no-op)."""
+    sink = _recoveries.get(str(intent.get("run")))
+    if sink is not None:
+        sink(intent=intent, checkpoint=checkpoint, lock=lock)

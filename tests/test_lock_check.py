@@ -1,0 +1,220 @@
+"""lock_check: 0 violations on every real store under every applicable fault; the command and its outputs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_esdlock.checker import CheckOptions, check_history
+from django_esdlock.checker.history import write_history
+
+from .dbstores import sqlite_store
+
+pytest_plugins = ["django_esdlock.testing"]
+
+SHORT = {"seconds": 5.0, "processes": 3, "ttl": 1.0}
+"""Short mode: one pause, one kill and (where it applies) one store cut, in a few seconds."""
+
+
+@pytest.mark.slow  # multi-process, like the stress tests: ./runtests runs it on every store, tox leaves it out
+def test_every_store_keeps_its_claims_under_faults(lock_check, store_config):
+    result = lock_check(store_config, seed=11, **SHORT)
+    assert result.ok, result.report()
+    summary = result.summary
+    assert summary["grants"] > 10 and summary["faults"]["pause"] >= 1 and summary["faults"]["kill"] >= 1
+    if "sqlite" in result.backend.lower():
+        assert "store" in result.skipped and summary["faults"]["store"] == 0
+    else:
+        assert summary["faults"]["store"] >= 1, result.report()
+    assert summary["leftovers"] == 0
+
+
+@pytest.fixture
+def sqlite_url(django_db_blocker):
+    with django_db_blocker.unblock(), sqlite_store() as config:
+        yield config["OPTIONS"]["url"]
+
+
+def test_command_prints_a_summary_and_writes_history_json_and_plot(sqlite_url, tmp_path, django_db_blocker):
+    history, png = tmp_path / "history.jsonl", tmp_path / "timeline.png"
+    out, err = StringIO(), StringIO()
+    with django_db_blocker.unblock(), _failing_with(out):
+        call_command(
+            "lock_check",
+            "--backend-url",
+            sqlite_url,
+            "--processes=2",
+            "--seconds=1.5",
+            "--ttl=1",
+            "--faults=pause,store",
+            f"--history={history}",
+            f"--plot={png}",
+            stdout=out,
+            stderr=err,
+        )
+    text = out.getvalue()
+    assert "0 violations" in text, text
+    assert "store" in text and "skipped: SQLite is a local file" in text
+    assert png.stat().st_size > 1000
+    events = [json.loads(line) for line in history.read_text().splitlines()]
+    assert {"invoke", "ok", "write", "release", "pause", "resume"} <= {e["type"] for e in events}
+
+    replayed = StringIO()
+    call_command("lock_check", f"--replay={history}", "--json", stdout=replayed)
+    assert json.loads(replayed.getvalue())["violations"] == []
+
+
+@contextlib.contextmanager
+def _failing_with(out):
+    """Fail with the command's output (summary, violations) if it raises."""
+    try:
+        yield
+    except CommandError as e:
+        pytest.fail(f"{e}\n{out.getvalue()}")
+
+
+def _op(op, process, t_invoke, t_ok, t_release, token, node="/a", mode="X", ns="ns"):
+    nodes = [[ns, "tree", node, mode]]
+    return [
+        {"t": t_invoke, "process": process, "type": "invoke", "op": op, "nodes": nodes, "timeout": 1.0},
+        {"t": t_ok, "process": process, "type": "ok", "op": op, "holder": op, "token": token},
+        {"t": t_ok + 0.01, "process": process, "type": "write", "op": op, "token": token, "valid": True},
+        {"t": t_release, "process": process, "type": "release", "op": op, "valid": True},
+        {"t": t_release + 0.01, "process": process, "type": "released", "op": op, "outcome": "ok"},
+    ]
+
+
+def test_replay_of_a_violating_history_exits_1_with_its_slice(tmp_path):
+    events = sorted(_op("p1-0", "p1", 0.0, 0.1, 1.0, 5) + _op("p2-0", "p2", 0.2, 0.5, 1.5, 6), key=lambda e: e["t"])
+    assert {v.check for v in check_history(events)} == {"a"}
+    path = tmp_path / "bad.jsonl"
+    write_history(events, path)
+    out = StringIO()
+    with pytest.raises(CommandError) as failed:
+        call_command("lock_check", f"--replay={path}", stdout=out)
+    assert failed.value.returncode == 1
+    assert "VIOLATION (a)" in out.getvalue() and "p1-0" in out.getvalue() and "p2-0" in out.getvalue()
+
+    from django_esdlock.management.commands.lock_check import _replay
+    from django_esdlock.testing import assert_no_violations
+
+    with pytest.raises(AssertionError, match=r"VIOLATION \(a\)"):
+        assert_no_violations(_replay(events, CheckOptions()))
+
+
+def test_sequential_grants_with_growing_tokens_pass_and_shrinking_ones_fail():
+    good = _op("p1-0", "p1", 0.0, 0.1, 1.0, 5) + _op("p2-0", "p2", 0.2, 1.1, 1.5, 6)
+    assert check_history(sorted(good, key=lambda e: e["t"])) == []
+    bad = _op("p1-0", "p1", 0.0, 0.1, 1.0, 6) + _op("p2-0", "p2", 0.2, 1.1, 1.5, 5)
+    assert {v.check for v in check_history(sorted(bad, key=lambda e: e["t"]))} == {"b"}
+
+
+def test_a_lost_holders_late_write_with_a_stale_token_passes_fencing_and_a_new_one_fails():
+    late = {"t": 1.2, "process": "p1", "type": "write", "op": "p1-0", "token": 5, "valid": False}
+    lost = {"t": 1.2, "process": "p1", "type": "lost", "op": "p1-0", "how": "lock.lost"}
+    first = [e for e in _op("p1-0", "p1", 0.0, 0.1, 1.3, 5) if e["type"] not in ("release", "released")]
+    events = sorted([*first, late, lost, *_op("p2-0", "p2", 0.2, 1.1, 1.5, 6)], key=lambda e: e["t"])
+    assert check_history(events) == []
+    for e in events:
+        if e["op"] == "p2-0" and e["type"] == "ok":
+            e["token"] = 4
+    assert "a" in {v.check for v in check_history(events)}
+
+
+def test_the_store_fault_proxies_each_kind_of_endpoint(settings):
+    from django.db import connections
+
+    from django_esdlock.checker.run import _proxy_target, _through_proxy
+
+    es = {"BACKEND": "x", "OPTIONS": {"hosts": ["http://es.example:9201"], "index": "locks"}, "TTL": 30}
+    assert _proxy_target(es) == (("es.example", 9201), "")
+    assert _through_proxy(es, 4000)["OPTIONS"] == {"hosts": ["http://127.0.0.1:4000"], "index": "locks"}
+    assert _proxy_target({**es, "OPTIONS": {"hosts": ["https://es.example"]}})[0] is None
+
+    pg = {"BACKEND": "x", "OPTIONS": {"url": "postgres://u:p@db.example:6543/app?sslmode=disable"}, "TTL": 30}
+    assert _proxy_target(pg) == (("db.example", 6543), "")
+    assert _through_proxy(pg, 4000)["OPTIONS"]["url"] == "postgres://u:p@127.0.0.1:4000/app?sslmode=disable"
+
+    alias = {"BACKEND": "x", "OPTIONS": {"using": "postgres"}, "TTL": 30}
+    db = connections.settings["postgres"]
+    assert _proxy_target(alias) == ((db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)), "")
+    url = _through_proxy(alias, 4000)["OPTIONS"]["url"]
+    assert url.startswith("postgres://") and url.endswith(f"@127.0.0.1:4000/{db['NAME']}")
+
+    target, why = _proxy_target({"BACKEND": "x", "OPTIONS": {"url": "sqlite:////tmp/locks.sqlite3"}, "TTL": 30})
+    assert target is None and "SQLite" in why
+
+
+def test_intents_a_killed_holder_must_be_recovered_with_a_checkpoint_it_made():
+    intent = {"op": "django_esdlock.lock_check", "run": "ns", "op_id": "p1-0"}
+    held = [e for e in _op("p1-0", "p1", 0.0, 0.1, 9.0, 5) if e["type"] in ("invoke", "ok", "write")]
+    held[0]["intent"] = intent
+    checkpoint = {"t": 0.3, "process": "p1", "type": "checkpoint", "op": "p1-0", "data": {"step": 3}, "outcome": "ok"}
+    kill = {"t": 0.5, "process": "nemesis", "type": "kill", "victim": "p1"}
+    events = [*held, checkpoint, kill]
+    assert [v.check for v in check_history(events)] == ["e"]  # killed with an intent, never recovered
+
+    def recovered(step, t=2.0):
+        return {"t": t, "process": "reaper", "type": "recovered", "intent_op": "p1-0", "checkpoint": {"step": step}}
+
+    assert check_history([*events, recovered(3)]) == []
+    assert [v.check for v in check_history([*events, recovered(0)])] == ["e"]  # an older checkpoint
+    assert [v.check for v in check_history([*events, recovered(6)])] == ["e"]  # one never made
+    # A checkpoint in flight when the reaper took over may be seen before its holder records it.
+    in_flight = {**checkpoint, "t": 2.5, "data": {"step": 6}}
+    assert check_history([*events, in_flight, recovered(6)]) == []
+
+
+def test_the_proxy_forwards_then_a_cut_fails_connections_at_once_until_restored():
+    import socket
+    import threading
+
+    from django_esdlock.checker.proxy import Proxy
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(10)
+
+    def serve(conn):
+        with contextlib.suppress(OSError), conn:
+            while data := conn.recv(100):
+                conn.sendall(data)
+
+    def echo():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=echo, daemon=True).start()
+    proxy = Proxy("127.0.0.1", server.getsockname()[1])
+    try:
+
+        def roundtrip():
+            with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as client:
+                client.sendall(b"ping")
+                return client.recv(100)
+
+        assert roundtrip() == b"ping"
+        held = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        held.sendall(b"a")
+        assert held.recv(100) == b"a"
+        proxy.cut()
+        with pytest.raises(OSError):  # reset, or closed: either fails the request at once
+            held.sendall(b"b")
+            if held.recv(100) == b"":
+                raise ConnectionResetError("closed")
+        with pytest.raises(OSError):
+            if roundtrip() == b"":
+                raise ConnectionResetError("closed")
+        proxy.restore()
+        assert roundtrip() == b"ping"
+        held.close()
+    finally:
+        proxy.close()
+        server.close()
