@@ -15,7 +15,7 @@ except ImportError:
 
     IMMEDIATE_BACKEND = "django_tasks.backends.immediate.ImmediateBackend"
 
-from .stress import LEAVES, leaves_under
+from .stress import leaves_under
 
 SHARED: dict = {}
 """What a worker process's tasks write to: counters and a violation count in shared memory (set by the worker)."""
@@ -62,4 +62,17 @@ def rename(src: str, dst: str, ticket: str | None = None, lock=None) -> dict:
     return {"token": lock.token, "intent": lock.intent, "checkpoint": lock.last_checkpoint, "holder": lock.holder_id}
 
 
-__all__ = ["LEAVES", "abump", "bump", "rename"]
+@locked(tree=lambda src: src, namespace="fs", timeout=0, ticket="ticket", lock_arg="lock")
+async def arename(src: str, ticket: str | None = None, lock=None) -> dict:
+    """The async twin of :func:`rename`, without intent."""
+    return {"token": lock.token, "holder": lock.holder_id, "resumed": hasattr(lock, "ticket")}
+
+
+@locked(documents=lambda ids: ids, namespace="orders", timeout=0, lock_arg="lock")
+def ship(ids: list[str], lock=None) -> int:
+    return lock.token
+
+
+@locked(name=lambda job: f"nightly-{job}", timeout=0)
+def nightly(job: str) -> str:
+    return job

@@ -150,6 +150,13 @@ def test_async_handoff_and_resume(lock_config, backend):
                     await asyncio.create_task(other.acquire())
             async with alock_tree("/async", namespace="fs", timeout=0, backend=backend):
                 pass
+            # @locked on a coroutine function: its own acquisition, then a ticket's claim.
+            plain = await locked_tasks.arename("/async")
+            view = await alock_tree("/async", namespace="fs", backend=backend).acquire()
+            view_holder = view.holder_id
+            resumed = await locked_tasks.arename("/async", ticket=await view.handoff())
+            assert not plain["resumed"] and resumed["resumed"] and resumed["token"] > plain["token"]
+            assert resumed["holder"] == view_holder
         finally:
             await backend.aclose()
 
@@ -192,6 +199,20 @@ def test_locked_django_task_fails_with_the_lock_exception(lock_config, backend, 
         with pytest.raises(LockUnavailable):
             timed_out()
         peer.release("held")
+
+
+def test_locked_documents_and_global_locks(lock_config, backend, peer):
+    assert locked_tasks.ship(["2", "1"]) > 0 and locked_tasks.nightly("export") == "export"
+    peer.acquire("doc", scheme="documents", ids=["2"], namespace="orders")
+    peer.acquire("job", scheme="global", name="nightly-export")
+    with pytest.raises(LockUnavailable):
+        locked_tasks.ship(["1", "2", "3"])  # all or nothing
+    with pytest.raises(LockUnavailable):
+        locked_tasks.nightly("export")
+    assert locked_tasks.ship(["1", "3"]) > 0 and locked_tasks.nightly("import") == "import"
+    peer.release("doc")
+    peer.release("job")
+    assert all_holders(backend) == []
 
 
 def test_locked_arguments_are_checked():
