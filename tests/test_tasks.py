@@ -17,6 +17,7 @@ from django_esdlock import (
     LockUnavailable,
     alock_tree,
     aresume_lock,
+    get_backend,
     lock_tree,
     locked,
     resume_lock,
@@ -159,6 +160,7 @@ def test_async_handoff_and_resume(lock_config, backend):
             assert resumed["holder"] == view_holder
         finally:
             await backend.aclose()
+            await get_backend().aclose()  # the decorated function's: the settings' backend
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
@@ -238,11 +240,11 @@ def _task_worker(config, counters, last_tokens, violations, rounds, seed, use_as
 
     _use(config)
     from tests import locked_tasks as tasks
-    from tests.stress import TREE, leaves_under
+    from tests.stress import LEAVES, TREE, leaves_under
 
     tasks.SHARED.update(counters=counters, last_tokens=last_tokens, violations=violations)
     rng = random.Random(seed)
-    tally = [0] * len(tasks.LEAVES)
+    tally = [0] * len(LEAVES)
     for _ in range(rounds):
         path = rng.choice(TREE)
         if use_async:
