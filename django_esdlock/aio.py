@@ -27,8 +27,10 @@ from .exceptions import LockStoreBusy
 from .locks import (
     _TRY,
     BaseLock,
+    _renewer,
     _Sleep,
     _validate_json,
+    _validate_ttl,
     document_targets,
     global_targets,
     tree_targets,
@@ -58,6 +60,17 @@ async def _shielded(work: Awaitable[T]) -> T:
         future.exception()  # retrieved: the cancel is what goes on
         raise asyncio.CancelledError
     return future.result()
+
+
+async def _stop_renewing(lock: BaseLock) -> None:
+    """Stop renewing ``lock``; a renewal of it in flight ends first, waited for in a thread, not on the loop.
+
+    Landing after a release it would report the lock lost; after a hand-off's
+    renewal it would cut the ticket's lease short.
+    """
+    _renewer.remove(lock)  # no renewal of it starts from here on
+    if _renewer.renewing(lock):
+        await asyncio.to_thread(_renewer.remove, lock, settle=True)
 
 
 class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
@@ -118,9 +131,14 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
         grant = self._grant
         if grant is None:
             return
-        was_lost, already_signalled = self._letting_go()
+
+        async def let_go() -> tuple[tuple[bool, bool], bool]:
+            await _stop_renewing(self)
+            lost = self._letting_go()
+            return lost, await self.backend.arelease(grant)
+
         try:
-            still_held = await _shielded(self.backend.arelease(grant))
+            (was_lost, already_signalled), still_held = await _shielded(let_go())
         finally:
             self._grant = None
         self._released(still_held, was_lost, already_signalled)
@@ -139,8 +157,15 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
 
     async def handoff(self, ttl: float | None = None) -> str:
         """Async :meth:`Lock.handoff <django_esdlock.locks.Lock.handoff>`: return a ticket for ``aresume_lock``."""
-        # Settling a renewal in flight blocks for one request at most; not worth a thread.
-        renewed = self._handoff_start(ttl)
+        ttl = _validate_ttl(ttl)
+        self.check()
+        try:
+            await _shielded(_stop_renewing(self))
+        except BaseException:  # cancelled: the lock stays ours, renewed as before
+            if self._grant is not None:
+                _renewer.add(self, self._grant.request.ttl)
+            raise
+        renewed = self._handoff_start(ttl, settle=False)
         try:
             ok = await _shielded(self.backend.arenew(renewed))
         except BaseException:

@@ -245,15 +245,18 @@ class BaseLock:
 
     # --- hand-off (see handoff.py): the twins' handoff() call these around one renewal
 
-    def _handoff_start(self, ttl: float | None) -> Grant:
-        """Stop renewing for a hand-off; return the grant as the renewal that sets the ticket's lease sends it."""
+    def _handoff_start(self, ttl: float | None, *, settle: bool = True) -> Grant:
+        """Stop renewing for a hand-off; return the grant as the renewal that sets the ticket's lease sends it.
+
+        ``settle=False``: the caller has let a renewal in flight end already.
+        """
         ttl = _validate_ttl(ttl)
         self.check()
         grant = self._grant
         assert grant is not None
         # Settled: a renewal in flight must not land after ours (it would cut the
         # ticket's lease short) nor after the claim (it would report the lock lost).
-        _renewer.remove(self, settle=True)
+        _renewer.remove(self, settle=settle)
         _registry.remove(self)
         if ttl is None:
             return grant
@@ -517,6 +520,11 @@ class _Renewer:
             if settle and threading.current_thread() is not self._thread:
                 self._cond.wait_for(lambda: self._renewing is not lock, timeout=self.SETTLE_TIMEOUT)
                 self._due.pop(lock, None)  # the renewal that ended may have rescheduled it
+
+    def renewing(self, lock: BaseLock) -> bool:
+        """Whether a renewal of ``lock`` is in flight now."""
+        with self._cond:
+            return self._renewing is lock
 
     def _run(self) -> None:
         while True:
