@@ -167,6 +167,11 @@ def test_intents_a_killed_holder_must_be_recovered_with_a_checkpoint_it_made():
     # A checkpoint in flight when the reaper took over may be seen before its holder records it.
     in_flight = {**checkpoint, "t": 2.5, "data": {"step": 6}}
     assert check_history([*events, in_flight, recovered(6)]) == []
+    # Killed while a checkpoint call was in flight: the store may have it, the holder recorded only its start.
+    started = {**checkpoint, "t": 0.45, "data": {"step": 6}, "outcome": "invoked"}
+    assert check_history([*events, started, recovered(6)]) == []
+    assert check_history([*events, started, recovered(3)]) == []  # or not
+    assert [v.check for v in check_history([*events, started, recovered(9)])] == ["e"]
 
 
 def test_the_proxy_forwards_then_a_cut_fails_connections_at_once_until_restored():

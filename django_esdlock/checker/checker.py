@@ -308,8 +308,8 @@ def check_intents(events: list[dict[str, Any]], ops: dict[str, Operation], fault
         if rec is None:
             continue
         # At least every checkpoint recorded as done before the recovery (the holder records
-        # it once the store answered); at most one the holder tried (in flight, or whose
-        # answer was lost, it may have been stored).
+        # it once the store answered); at most one the holder tried (it records each before
+        # the call too: in flight at a kill, or its answer lost, it may have been stored).
         done_steps = [c["data"]["step"] for c in op.checkpoints if c.get("outcome") == "ok" and c["t"] < rec["t"]]
         tried_steps = [c["data"]["step"] for c in op.checkpoints] + [0]
         got = (rec.get("checkpoint") or {}).get("step", 0)
