@@ -265,3 +265,17 @@ def _node(name, host):
     node = _Node(name, {"name": name, "process": {"id": 42}, "http": {"publish_address": f"{host}:9200"}})
     assert node.fields() == {"node": name, "node_number": name[1:], "pid": 42, "host": host}
     return node
+
+
+def test_es_hosts_points_the_command_at_a_cluster():
+    from django_esdlock.management.commands.lock_check import _config
+
+    config = _config("elasticsearch://es.example:9200/my-locks", "http://a:9200, http://b:9200")
+    assert config["OPTIONS"]["hosts"] == ["http://a:9200", "http://b:9200"]
+    assert config["OPTIONS"]["index"] == "my-locks"
+    assert _config(None, "http://a:9200")["OPTIONS"]["index"] == "locks"
+    assert _config("sqlite:////tmp/x.sqlite3", None) == "sqlite:////tmp/x.sqlite3"
+    with pytest.raises(ValueError, match="--es-hosts"):
+        _config("sqlite:////tmp/x.sqlite3", "http://a:9200")
+    with pytest.raises(CommandError, match="--es-hosts"):
+        call_command("lock_check", "--backend-url=sqlite:////tmp/x.sqlite3", "--es-hosts=http://a:9200")
