@@ -246,7 +246,8 @@ def test_the_failover_fault_applies_only_to_a_cluster_it_can_restart(es_url, sql
             failover, why = _failover(config, backend, "ns", options, print)
             assert failover is None and ("single Elasticsearch node" in why or "could not list" in why), why
             # Three nodes: no restart command, or nodes elsewhere with the default kill, and it is skipped too.
-            three = Failover(backend, "locks", FailoverCommands(restart=None), print)
+            backend.setup()
+            three = Failover(backend, backend.index, FailoverCommands(restart=None), print)
             three.nodes = lambda: {n: _node(n, "127.0.0.1") for n in ("n1", "n2", "n3")}
             assert "--failover-restart" in three.applicable()
             three.commands = FailoverCommands(restart="true", kill=DEFAULT_KILL)

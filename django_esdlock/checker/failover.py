@@ -116,6 +116,11 @@ class Failover:
             return "no --failover-restart command: a killed node could not be started again"
         if self.commands.kill == DEFAULT_KILL and not all(_local(n.host) for n in nodes.values()):
             return "the nodes are not on this machine: give --failover-kill"
+        # A fresh lock index's replicas start after it: kill its primary before and the index is lost, not failed over.
+        # (A timeout is no reason to skip: each failover waits for a whole cluster anyway.)
+        self.client.options(ignore_status=408, request_timeout=40).cluster.health(
+            index=self.index, wait_for_no_initializing_shards=True, wait_for_no_relocating_shards=True, timeout="30s"
+        )
         return ""
 
     def primary(self) -> str:
