@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from django_esdlock.checker.failover import start_cluster_restart
 from django_esdlock.conf import load_backend
 from django_esdlock.exceptions import LockBackendUnavailable, LockLost, LockUnavailable
 
@@ -19,6 +20,8 @@ from . import cluster
 from .peer import SPAWN, setup_django
 from .procs import spawned
 from .stores import ES_BACKEND
+
+pytest_plugins = ["django_esdlock.testing"]
 
 pytestmark = [
     pytest.mark.cluster,
@@ -218,3 +221,19 @@ def test_primary_only_acknowledgement_can_lose_a_grant(config):
         other.close()
     finally:
         backend.close()
+
+
+def test_lock_check_is_clean_when_nodes_fail_over(config, lock_check):
+    """lock_check in short mode with the failover fault (primary's node SIGKILLed, restarted), pauses and kills."""
+    conf = config(ttl=3)
+    result = lock_check(
+        conf, seed=17, faults=("failover", "pause", "kill"), failover_restart=start_cluster_restart(cluster.START)
+    )
+    print(result.report())
+    assert result.ok, result.report()
+    summary = result.summary
+    assert summary["faults"]["failover"] >= 1 and summary["faults"]["pause"] >= 1 and summary["faults"]["kill"] >= 1
+    assert summary["nodes_killed"][0].endswith("(primary)")
+    assert summary["failover_problems"] == [], summary["failover_problems"]
+    assert summary["grants"] >= 5 and summary["leftovers"] == 0
+    assert any(e["type"] == "cluster_whole" for e in result.events)
