@@ -22,6 +22,7 @@ import pytest
 
 from .checker import CheckOptions, CheckResult, run_check
 from .checker.checker import DEFAULT_SLACK
+from .checker.failover import DEFAULT_KILL
 from .checker.faults import FAULTS
 
 __all__ = ["assert_no_violations", "lock_check"]
@@ -35,9 +36,11 @@ def assert_no_violations(result: CheckResult) -> None:
 
 @pytest.fixture
 def lock_check(request: pytest.FixtureRequest) -> Callable[..., CheckResult]:
-    """Return ``run(config=None, *, seconds=5, processes=3, faults=all, ttl=1, seed=None, slack=10, hold=None)``.
+    """Return ``run(config=None, *, seconds=5, processes=3, faults=all, ttl=1, seed=None, slack=10, hold=None, ...)``.
 
     ``config`` is a LOCK_BACKEND value (dict or URL); None uses the setting.
+    ``failover_restart`` (and ``failover_kill``) tell the failover fault how
+    to start (and kill) an Elasticsearch node: see ``lock_check --help``.
     Under pytest-django, database access is unblocked for the run.
     """
 
@@ -52,10 +55,13 @@ def lock_check(request: pytest.FixtureRequest) -> Callable[..., CheckResult]:
         slack: float = DEFAULT_SLACK,
         hold: float | None = None,
         history: str | None = None,
+        failover_restart: str | None = None,
+        failover_kill: str = DEFAULT_KILL,
     ) -> CheckResult:
         options = CheckOptions(
-            processes=processes, seconds=seconds, faults=tuple(faults), ttl=ttl, seed=seed, slack=slack, hold=hold
-        )
+            processes=processes, seconds=seconds, faults=tuple(faults), ttl=ttl, seed=seed, slack=slack, hold=hold,
+            failover_restart=failover_restart, failover_kill=failover_kill,
+        )  # fmt: skip
         with _db_unblocked(request):
             return run_check(config, options, history=history)
 

@@ -19,13 +19,14 @@ def leaves_under(path: str) -> list[int]:
     return [i for i, leaf in enumerate(LEAVES) if leaf == path or leaf.startswith(path + "/")]
 
 
-def _worker(config, counters, last_tokens, violations, rounds, seed, use_locks) -> list[int]:
+def _worker(config, counters, last_tokens, violations, rounds, seed, use_locks, start) -> list[int]:
     setup_django()
     from django_esdlock import lock_tree
     from django_esdlock.conf import load_backend
 
     backend = load_backend(config)
     rng = random.Random(seed)
+    start.wait(timeout=120)  # all together: on a busy machine the first would finish before the last started
     tally = [0] * len(LEAVES)
     for _ in range(rounds):
         path = rng.choice(TREE)
@@ -64,10 +65,11 @@ def run_stress(config: dict, *, processes: int = 8, rounds: int = 250, use_locks
     counters = SPAWN.Array("q", len(LEAVES), lock=False)
     last_tokens = SPAWN.Array("q", len(LEAVES), lock=False)
     violations = SPAWN.Value("q", 0, lock=False)
+    start = SPAWN.Barrier(processes)
     started = time.monotonic()
     tallies = run_processes(
         _worker,
-        [(config, counters, last_tokens, violations, rounds, seed, use_locks) for seed in range(processes)],
+        [(config, counters, last_tokens, violations, rounds, seed, use_locks, start) for seed in range(processes)],
         timeout=600,
     )
     expected = [sum(column) for column in zip(*tallies, strict=True)]

@@ -50,7 +50,7 @@ def test_command_prints_a_summary_and_writes_history_json_and_plot(sqlite_url, t
             "--processes=2",
             "--seconds=1.5",
             "--ttl=1",
-            "--faults=pause,store",
+            "--faults=pause,store,failover",
             f"--history={history}",
             f"--plot={png}",
             stdout=out,
@@ -59,6 +59,7 @@ def test_command_prints_a_summary_and_writes_history_json_and_plot(sqlite_url, t
     text = out.getvalue()
     assert "0 violations" in text, text
     assert "store" in text and "skipped: SQLite is a local file" in text
+    assert "skipped: not Elasticsearch" in text
     assert png.stat().st_size > 1000
     events = [json.loads(line) for line in history.read_text().splitlines()]
     assert {"invoke", "ok", "write", "release", "pause", "resume"} <= {e["type"] for e in events}
@@ -128,25 +129,31 @@ def test_a_lost_holders_late_write_with_a_stale_token_passes_fencing_and_a_new_o
 def test_the_store_fault_proxies_each_kind_of_endpoint(settings):
     from django.db import connections
 
-    from django_esdlock.checker.run import _proxy_target, _through_proxy
+    from django_esdlock.checker.run import _proxy_targets, _through_proxy
 
     es = {"BACKEND": "x", "OPTIONS": {"hosts": ["http://es.example:9201"], "index": "locks"}, "TTL": 30}
-    assert _proxy_target(es) == (("es.example", 9201), "")
-    assert _through_proxy(es, 4000)["OPTIONS"] == {"hosts": ["http://127.0.0.1:4000"], "index": "locks"}
-    assert _proxy_target({**es, "OPTIONS": {"hosts": ["https://es.example"]}})[0] is None
+    assert _proxy_targets(es) == ([("es.example", 9201)], "")
+    assert _through_proxy(es, [4000])["OPTIONS"] == {"hosts": ["http://127.0.0.1:4000"], "index": "locks"}
+    assert _proxy_targets({**es, "OPTIONS": {"hosts": ["https://es.example"]}})[0] == []
+    cluster = {**es, "OPTIONS": {"hosts": ["http://es1:9200", "http://es2:9200"]}}  # one proxy per node
+    assert _proxy_targets(cluster) == ([("es1", 9200), ("es2", 9200)], "")
+    assert _through_proxy(cluster, [4000, 4001])["OPTIONS"]["hosts"] == [
+        "http://127.0.0.1:4000",
+        "http://127.0.0.1:4001",
+    ]
 
     pg = {"BACKEND": "x", "OPTIONS": {"url": "postgres://u:p@db.example:6543/app?sslmode=disable"}, "TTL": 30}
-    assert _proxy_target(pg) == (("db.example", 6543), "")
-    assert _through_proxy(pg, 4000)["OPTIONS"]["url"] == "postgres://u:p@127.0.0.1:4000/app?sslmode=disable"
+    assert _proxy_targets(pg) == ([("db.example", 6543)], "")
+    assert _through_proxy(pg, [4000])["OPTIONS"]["url"] == "postgres://u:p@127.0.0.1:4000/app?sslmode=disable"
 
     alias = {"BACKEND": "x", "OPTIONS": {"using": "postgres"}, "TTL": 30}
     db = connections.settings["postgres"]
-    assert _proxy_target(alias) == ((db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)), "")
-    url = _through_proxy(alias, 4000)["OPTIONS"]["url"]
+    assert _proxy_targets(alias) == ([(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432))], "")
+    url = _through_proxy(alias, [4000])["OPTIONS"]["url"]
     assert url.startswith("postgres://") and url.endswith(f"@127.0.0.1:4000/{db['NAME']}")
 
-    target, why = _proxy_target({"BACKEND": "x", "OPTIONS": {"url": "sqlite:////tmp/locks.sqlite3"}, "TTL": 30})
-    assert target is None and "SQLite" in why
+    targets, why = _proxy_targets({"BACKEND": "x", "OPTIONS": {"url": "sqlite:////tmp/locks.sqlite3"}, "TTL": 30})
+    assert targets == [] and "SQLite" in why
 
 
 def test_intents_a_killed_holder_must_be_recovered_with_a_checkpoint_it_made():
@@ -167,6 +174,11 @@ def test_intents_a_killed_holder_must_be_recovered_with_a_checkpoint_it_made():
     # A checkpoint in flight when the reaper took over may be seen before its holder records it.
     in_flight = {**checkpoint, "t": 2.5, "data": {"step": 6}}
     assert check_history([*events, in_flight, recovered(6)]) == []
+    # Killed while a checkpoint call was in flight: the store may have it, the holder recorded only its start.
+    started = {**checkpoint, "t": 0.45, "data": {"step": 6}, "outcome": "invoked"}
+    assert check_history([*events, started, recovered(6)]) == []
+    assert check_history([*events, started, recovered(3)]) == []  # or not
+    assert [v.check for v in check_history([*events, started, recovered(9)])] == ["e"]
 
 
 def test_the_proxy_forwards_then_a_cut_fails_connections_at_once_until_restored():
@@ -218,3 +230,58 @@ def test_the_proxy_forwards_then_a_cut_fails_connections_at_once_until_restored(
     finally:
         proxy.close()
         server.close()
+
+
+def test_the_failover_fault_applies_only_to_a_cluster_it_can_restart(es_url, sqlite_url, tmp_path):
+    from django_esdlock.checker.failover import DEFAULT_KILL, Failover, FailoverCommands
+    from django_esdlock.checker.run import _failover
+    from django_esdlock.conf import load_backend
+
+    from .stores import es_store
+
+    options = CheckOptions(failover_restart="true")
+    sqlite = {"BACKEND": "x", "OPTIONS": {"url": sqlite_url}, "TTL": 30}
+    assert _failover(sqlite, None, "ns", options, print) == (
+        None,
+        "not Elasticsearch: a database has no node of a cluster to fail over",
+    )
+    with es_store(es_url) as config:
+        backend = load_backend(config)
+        try:
+            failover, why = _failover(config, backend, "ns", options, print)
+            assert failover is None and ("single Elasticsearch node" in why or "could not list" in why), why
+            # Three nodes: no restart command, or nodes elsewhere with the default kill, and it is skipped too.
+            backend.setup()
+            three = Failover(backend, backend.index, FailoverCommands(restart=None), print)
+            three.nodes = lambda: {n: _node(n, "127.0.0.1") for n in ("n1", "n2", "n3")}
+            assert "--failover-restart" in three.applicable()
+            three.commands = FailoverCommands(restart="true", kill=DEFAULT_KILL)
+            assert three.applicable() == ""
+            three.nodes = lambda: {n: _node(n, "10.9.8.7") for n in ("n1", "n2", "n3")}
+            assert "--failover-kill" in three.applicable()
+            three.commands = FailoverCommands(restart="true", kill="ssh {host} pkill -9 java")
+            assert three.applicable() == ""
+        finally:
+            backend.close()
+
+
+def _node(name, host):
+    from django_esdlock.checker.failover import _Node
+
+    node = _Node(name, {"name": name, "process": {"id": 42}, "http": {"publish_address": f"{host}:9200"}})
+    assert node.fields() == {"node": name, "node_number": name[1:], "pid": 42, "host": host}
+    return node
+
+
+def test_es_hosts_points_the_command_at_a_cluster():
+    from django_esdlock.management.commands.lock_check import _config
+
+    config = _config("elasticsearch://es.example:9200/my-locks", "http://a:9200, http://b:9200")
+    assert config["OPTIONS"]["hosts"] == ["http://a:9200", "http://b:9200"]
+    assert config["OPTIONS"]["index"] == "my-locks"
+    assert _config(None, "http://a:9200")["OPTIONS"]["index"] == "locks"
+    assert _config("sqlite:////tmp/x.sqlite3", None) == "sqlite:////tmp/x.sqlite3"
+    with pytest.raises(ValueError, match="--es-hosts"):
+        _config("sqlite:////tmp/x.sqlite3", "http://a:9200")
+    with pytest.raises(CommandError, match="--es-hosts"):
+        call_command("lock_check", "--backend-url=sqlite:////tmp/x.sqlite3", "--es-hosts=http://a:9200")

@@ -6,11 +6,14 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import hashlib
 import inspect
 import itertools
 import json
+import logging
 import math
 import os
+import re
 import threading
 import time
 import weakref
@@ -34,6 +37,8 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     ) from e
 
 MAPPING_VERSION = 1
+
+logger = logging.getLogger("django_esdlock")
 
 T = TypeVar("T")
 
@@ -85,7 +90,18 @@ MAPPING: dict[str, Any] = {
 
 # One primary shard: every write of a request lands on one shard, in order, and
 # its `_seq_no` (our fencing token) is one sequence for the whole lock index.
-INDEX_SETTINGS: dict[str, Any] = {"number_of_shards": 1, "auto_expand_replicas": "0-1"}
+INDEX_SETTINGS: dict[str, Any] = {"number_of_shards": 1}
+
+DEFAULT_REPLICAS = "0-2"
+"""A copy of the lock index on every node up to three (``auto_expand_replicas``): 2 replicas on a cluster of
+three or more, 1 on two nodes, none on a single development node (which stays green)."""
+
+WRITE_TIMEOUT_CAP = 5.0
+"""Longest wait, in seconds, of one lock write for its shard copies to be active (the ``_bulk`` ``timeout``).
+Elasticsearch's default is a minute; past this the store answers 503, which reads as busy and is retried
+within the caller's own deadline or lease."""
+
+_AUTO_EXPAND = re.compile(r"^\d+-(\d+|all)$")
 
 RETRY_ON_CONFLICT = 10
 """A real cluster answers 409 to concurrent updates of one node; retry on the shard."""
@@ -108,8 +124,14 @@ proxy in trouble (502-504). They decide nothing, so the request may be sent agai
 BUSY_BACKOFF_CAP = 1.0
 """Longest sleep between two tries of a busy store, in seconds."""
 
+UNDER_REPLICATED = "under_replicated"
+"""The error type given to a write the cluster applied on fewer copies than ``wait_for_active_shards`` asked."""
+
 QUIET_RELEASE_RETRY = 1.0
 """Seconds an acquire that failed keeps trying to give back what it took; the lease ends the rest."""
+
+_LOST_ANSWER = (elasticsearch.ConnectionError, elasticsearch.ConnectionTimeout)
+"""Failures after which the request may or may not have been applied: resent to another host."""
 
 _SORT = [{"namespace": "asc"}, {"kind": "asc"}, {"key": "asc"}]
 _CLIENT_OPTIONS = frozenset(inspect.signature(elasticsearch.Elasticsearch.__init__).parameters) - {"self", "hosts"}
@@ -201,6 +223,49 @@ def _result(item: Mapping[str, Any]) -> str | None:
 
 def _busy(item: Mapping[str, Any]) -> bool:
     return next(iter(item.values())).get("status") in BUSY_STATUSES
+
+
+def _under_replicated(item: dict[str, Any], required: int | None) -> dict[str, Any]:
+    """Return ``item``, or a busy (503) item in its place if it wrote to fewer than ``required`` shard copies.
+
+    ``wait_for_active_shards`` is checked before a write; a copy may still
+    fail during it, and the primary then acknowledges with fewer. Such a
+    write is not counted: a grant is given back and retried, a renewal is
+    not done, as when the store was busy. Refusals (``noop``) and deletes
+    are not judged: a lost delete only leaves a holder to its lease.
+    """
+    ((action, body),) = item.items()
+    successful = (body.get("_shards") or {}).get("successful")
+    if required is None or body.get("result") not in ("created", "updated") or successful is None:
+        return item
+    if successful >= required:
+        return item
+    reason = f"written to {successful} shard copies of the {required} that wait_for_active_shards requires"
+    return {action: {**body, "status": 503, "error": {"type": UNDER_REPLICATED, "reason": reason}}}
+
+
+def index_of_namespace(namespace: str, index: str, index_count: int, namespace_indices: Mapping[str, str]) -> str:
+    """Return the lock index of ``namespace``: named in ``namespace_indices``, else hashed into ``index_count``.
+
+    The hash (SHA-256 of the name) is stable across processes and versions;
+    with one index it is always ``index`` itself.
+    """
+    named = namespace_indices.get(namespace)
+    if named is not None:
+        return named
+    if index_count == 1:
+        return index
+    bucket = int.from_bytes(hashlib.sha256(namespace.encode()).digest()[:8], "big") % index_count
+    return f"{index}-{bucket}"
+
+
+def _copies(replicas: int | str, data_nodes: int) -> int:
+    """Return how many copies of a lock index ``replicas`` keeps on a cluster of ``data_nodes`` data nodes."""
+    if isinstance(replicas, int):
+        return 1 + replicas
+    low, high = replicas.split("-")
+    most = data_nodes - 1 if high == "all" else int(high)
+    return 1 + max(int(low), min(most, data_nodes - 1))
 
 
 def _item_lines(operations: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -304,9 +369,15 @@ class ElasticsearchLockBackend(BaseLockBackend):
     """Locks as documents of one Elasticsearch index, as the chapter builds them.
 
     OPTIONS: ``hosts`` (default ``["http://127.0.0.1:9200"]``), ``index``
-    (default ``"locks"``) and any keyword of ``elasticsearch.Elasticsearch``
-    (``basic_auth``, ``api_key``, ``ca_certs``, ``verify_certs``,
-    ``request_timeout``, ...), passed through to the client.
+    (default ``"locks"``), ``number_of_replicas`` (an int, or an
+    ``auto_expand_replicas`` range; default ``"0-2"``),
+    ``wait_for_active_shards`` (an int, ``"all"``, or ``"auto"``: a majority
+    of the copies the lock index has on the cluster; the default),
+    ``index_count`` (hash namespaces into that many lock indices; default 1),
+    ``namespace_indices`` (namespace -> lock index, ahead of the hash) and
+    any keyword of ``elasticsearch.Elasticsearch`` (``basic_auth``,
+    ``api_key``, ``ca_certs``, ``verify_certs``, ``request_timeout``, ...),
+    passed through to the client.
     """
 
     busy_retry: float = 10.0
@@ -322,6 +393,10 @@ class ElasticsearchLockBackend(BaseLockBackend):
         ttl: float = 30.0,
         hosts: Sequence[str] | str = ("http://127.0.0.1:9200",),
         index: str = "locks",
+        number_of_replicas: int | str = DEFAULT_REPLICAS,
+        wait_for_active_shards: int | str = "auto",
+        index_count: int = 1,
+        namespace_indices: Mapping[str, str] | None = None,
         **client_options: Any,
     ) -> None:
         super().__init__(ttl=ttl)
@@ -331,12 +406,37 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 f"ElasticsearchLockBackend got unknown OPTIONS {', '.join(sorted(unknown))}; "
                 "use 'hosts', 'index' or a keyword of elasticsearch.Elasticsearch"
             )
-        if not isinstance(index, str) or not index or index != index.lower() or index.startswith(("_", "-", "+")):
+        namespace_indices = dict(namespace_indices or {})
+        for name in (index, *namespace_indices.values()):
+            if not isinstance(name, str) or not name or name != name.lower() or name.startswith(("_", "-", "+")):
+                raise ImproperlyConfigured(f"ElasticsearchLockBackend OPTIONS: not a valid index name: {name!r}")
+        replicas_ok = isinstance(number_of_replicas, int) and number_of_replicas >= 0
+        if not (replicas_ok or (isinstance(number_of_replicas, str) and _AUTO_EXPAND.match(number_of_replicas))):
             raise ImproperlyConfigured(
-                f"ElasticsearchLockBackend OPTIONS['index'] is not a valid index name: {index!r}"
+                "ElasticsearchLockBackend OPTIONS['number_of_replicas'] must be an int >= 0 or a range like "
+                f"'0-2' or '0-all', not {number_of_replicas!r}"
+            )
+        if not (
+            wait_for_active_shards in ("auto", "all")
+            or (type(wait_for_active_shards) is int and wait_for_active_shards >= 1)
+        ):
+            raise ImproperlyConfigured(
+                "ElasticsearchLockBackend OPTIONS['wait_for_active_shards'] must be 'auto', 'all' or an int >= 1, "
+                f"not {wait_for_active_shards!r}"
+            )
+        if type(index_count) is not int or index_count < 1:
+            raise ImproperlyConfigured(
+                f"ElasticsearchLockBackend OPTIONS['index_count'] must be an int >= 1, not {index_count!r}"
             )
         self.hosts = [hosts] if isinstance(hosts, str) else list(hosts)
         self.index = index
+        self.number_of_replicas = number_of_replicas
+        self.wait_for_active_shards = wait_for_active_shards
+        self.index_count = index_count
+        self.namespace_indices = namespace_indices
+        self.write_timeout = min(WRITE_TIMEOUT_CAP, ttl / 3)
+        self._active_shards: int | str | None = None
+        """``wait_for_active_shards`` as sent: resolved from "auto" when the lock indices are set up."""
         self.client_options = client_options
         self._index_ready = False
         self._client: elasticsearch.Elasticsearch | None = None
@@ -353,7 +453,33 @@ class ElasticsearchLockBackend(BaseLockBackend):
         """holder id of a waiting request -> ids of the nodes that refused its last attempt."""
 
     def describe(self) -> str:
-        return f"Elasticsearch {', '.join(self.hosts)} index {self.index!r}"
+        indices = self.lock_indices
+        named = f"index {indices[0]!r}" if len(indices) == 1 else f"indices {', '.join(indices)}"
+        return f"Elasticsearch {', '.join(self.hosts)} {named}"
+
+    @property
+    def lock_indices(self) -> tuple[str, ...]:
+        """Every lock index of this backend: the hashed ones, then those ``namespace_indices`` names."""
+        hashed = [self.index] if self.index_count == 1 else [f"{self.index}-{i}" for i in range(self.index_count)]
+        return tuple(dict.fromkeys([*hashed, *self.namespace_indices.values()]))
+
+    def index_of(self, namespace: str) -> str:
+        """Return the lock index that holds the nodes of ``namespace``."""
+        return index_of_namespace(namespace, self.index, self.index_count, self.namespace_indices)
+
+    def _indices_of(self, namespace: str | None) -> str:
+        """Return the ``index`` argument of a search: ``namespace``'s lock index, or all of them."""
+        return ",".join(self.lock_indices) if namespace is None else self.index_of(namespace)
+
+    def _index_settings(self) -> dict[str, Any]:
+        if isinstance(self.number_of_replicas, int):
+            return {**INDEX_SETTINGS, "number_of_replicas": self.number_of_replicas, "auto_expand_replicas": False}
+        return {**INDEX_SETTINGS, "auto_expand_replicas": self.number_of_replicas}
+
+    @property
+    def _required_copies(self) -> int | None:
+        """Shard copies a write must have reached to count (None: judge no count, as for ``"all"``)."""
+        return self._active_shards if isinstance(self._active_shards, int) else None
 
     # --- connection -------------------------------------------------------
 
@@ -361,9 +487,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
     def client(self) -> elasticsearch.Elasticsearch:
         """The client of this process: a forked child opens its own connections."""
         if self._client is None or self._client_pid != os.getpid():
-            # The transport would retry a busy node at once, three times; we back off instead (_call).
-            options = {"retry_on_status": (), **self.client_options}
-            self._client = elasticsearch.Elasticsearch(self.hosts, **options)
+            self._client = elasticsearch.Elasticsearch(self.hosts, **self._transport_options())
             self._client_pid = os.getpid()
         return self._client
 
@@ -373,9 +497,31 @@ class ElasticsearchLockBackend(BaseLockBackend):
         loop = asyncio.get_running_loop()
         client = self._aclients.get(loop)
         if client is None:
-            options = {"retry_on_status": (), **self.client_options}
-            client = self._aclients[loop] = elasticsearch.AsyncElasticsearch(self.hosts, **options)
+            client = self._aclients[loop] = elasticsearch.AsyncElasticsearch(self.hosts, **self._transport_options())
         return client
+
+    @property
+    def resends(self) -> int:
+        """How many times a request that met a connection failure or timeout is sent again (OPTIONS
+        ``max_retries``; default one more try per host, at least 3)."""
+        return int(self.client_options.get("max_retries", max(3, len(self.hosts))))
+
+    def _transport_options(self) -> dict[str, Any]:
+        """The client's options: OPTIONS over our defaults for a cluster.
+
+        The transport's node pool marks a host that failed to connect or
+        timed out dead for a while and sends the next request to another: so
+        a dying node costs a resend, not an error. We resend ourselves
+        (:meth:`_call_steps`), not the transport (``max_retries=0`` here),
+        because a resent release must know it was resent: its first send may
+        have done the work. Every lock write may be sent twice safely (a
+        holder is keyed by its id; release and renewal are idempotent). A
+        busy node's answer is not resent at once (``retry_on_status=()``):
+        we back off instead. Sniffing stays off: it would replace the hosts
+        you gave with the addresses the nodes publish.
+        """
+        defaults = {"retry_on_status": (), "retry_on_timeout": True}
+        return {**defaults, **self.client_options, "max_retries": 0}
 
     def close(self) -> None:
         client, self._client = self._client, None
@@ -431,13 +577,18 @@ class ElasticsearchLockBackend(BaseLockBackend):
             error = LockStoreBusy if busy else LockBackendUnavailable
             raise error(f"Elasticsearch failed to {action} ({self.describe()}): {e}") from e
 
-    def _call_steps(self, action: str, api: _Api, *, retry_for: float | None = None) -> Steps[Any]:
+    def _call_steps(
+        self, action: str, api: _Api, *, retry_for: float | None = None, resent: list[bool] | None = None
+    ) -> Steps[Any]:
         """Make the call ``api``; while the store is busy, retry with backoff for ``retry_for`` seconds.
 
-        The default is :attr:`busy_retry`; 0 tries once. Other failures are
-        not retried.
+        The default is :attr:`busy_retry`; 0 tries once. A connection failure
+        or timeout is sent again at once, to the next host, :attr:`resends`
+        times (appending to ``resent`` each time). Other failures are not
+        retried.
         """
         deadline = time.monotonic() + (self.busy_retry if retry_for is None else retry_for)
+        resends = 0
         for attempt in itertools.count():
             try:
                 with self._translate(action):
@@ -447,6 +598,13 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 if time.monotonic() + delay > deadline:
                     raise
                 yield _Pause(delay)
+            except LockBackendUnavailable as e:
+                if not isinstance(e.__cause__, _LOST_ANSWER) or resends >= self.resends:
+                    raise
+                resends += 1
+                if resent is not None:
+                    resent.append(True)
+                logger.info("resending to another node after %s", e.__cause__)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _call(self, action: str, api: _Api, *, retry_for: float | None = None) -> Any:
@@ -457,8 +615,13 @@ class ElasticsearchLockBackend(BaseLockBackend):
         self._run(self._setup_steps())
 
     def _setup_steps(self) -> Steps[None]:
-        if not (yield from self._call_steps("look up the lock index", _Api("indices.exists", {"index": self.index}))):
-            create = _Api("indices.create", {"index": self.index, "settings": INDEX_SETTINGS, "mappings": MAPPING})
+        if self._active_shards is None:
+            self._active_shards = yield from self._active_shards_steps()
+        for index in self.lock_indices:
+            if (yield from self._call_steps("look up the lock index", _Api("indices.exists", {"index": index}))):
+                continue
+            body = {"index": index, "settings": self._index_settings(), "mappings": MAPPING}
+            create = _Api("indices.create", {**body, "wait_for_active_shards": self._active_shards})
             try:
                 yield from self._call_steps("create the lock index", create)
             except LockBackendUnavailable as e:
@@ -467,6 +630,14 @@ class ElasticsearchLockBackend(BaseLockBackend):
                     raise
         self._index_ready = True
 
+    def _active_shards_steps(self) -> Steps[int | str]:
+        """Resolve ``wait_for_active_shards``: "auto" is a majority of the copies the cluster's data nodes keep."""
+        if self.wait_for_active_shards != "auto":
+            return self.wait_for_active_shards
+        health = yield from self._call_steps("read the cluster's health", _Api("cluster.health", {}))
+        copies = _copies(self.number_of_replicas, max(1, int(health.get("number_of_data_nodes") or 1)))
+        return copies // 2 + 1
+
     def _ensure_index_steps(self) -> Steps[None]:
         # Before the first write: an update would otherwise auto-create the
         # index with a dynamic mapping. Two callers may both set it up: that is safe.
@@ -474,14 +645,15 @@ class ElasticsearchLockBackend(BaseLockBackend):
             yield from self._setup_steps()
 
     def _scripted(
-        self, node_id: str, source: str, params: dict[str, Any], *, fields: list[str] | None = None, **body: Any
+        self, node: Node, source: str, params: dict[str, Any], *, fields: list[str] | None = None, **body: Any
     ) -> list[dict[str, Any]]:
         """Return the two ``_bulk`` lines of a scripted update of one node, retried on conflict.
 
         ``fields`` asks for those source fields back; ``body`` adds to the
         update (``scripted_upsert``, ``upsert``).
         """
-        header: dict[str, Any] = {"_index": self.index, "_id": node_id, "retry_on_conflict": RETRY_ON_CONFLICT}
+        index = self.index_of(node.namespace)
+        header: dict[str, Any] = {"_index": index, "_id": node.id, "retry_on_conflict": RETRY_ON_CONFLICT}
         if fields:
             # An object, never a list: a bulk action line takes no arrays (400 for the whole bulk).
             header["_source"] = {"includes": fields}
@@ -494,7 +666,12 @@ class ElasticsearchLockBackend(BaseLockBackend):
         return self._run(self._bulk_steps(operations, action, retry_for=retry_for))
 
     def _bulk_steps(
-        self, operations: list[dict[str, Any]], action: str, *, retry_for: float | None = None
+        self,
+        operations: list[dict[str, Any]],
+        action: str,
+        *,
+        retry_for: float | None = None,
+        resent: list[bool] | None = None,
     ) -> Steps[list[dict[str, Any]]]:
         """Send ``operations`` in one ``_bulk``; return its items in order.
 
@@ -508,14 +685,20 @@ class ElasticsearchLockBackend(BaseLockBackend):
         items: list[dict[str, Any]] = [{}] * len(lines)
         pending = list(range(len(lines)))
         deadline = time.monotonic() + (self.busy_retry if retry_for is None else retry_for)
+        if self._active_shards is None:
+            self._active_shards = yield from self._active_shards_steps()
+        durability = {"wait_for_active_shards": self._active_shards, "timeout": f"{round(self.write_timeout * 1000)}ms"}
         for attempt in itertools.count():
             batch = [line for i in pending for line in lines[i]]
             answer = yield from self._call_steps(
-                action, _Api("bulk", {"operations": batch}), retry_for=max(0.0, deadline - time.monotonic())
+                action,
+                _Api("bulk", {"operations": batch, **durability}),
+                retry_for=max(0.0, deadline - time.monotonic()),
+                resent=resent,
             )
             answered = answer["items"]
             for i, item in zip(pending, answered, strict=True):
-                items[i] = item
+                items[i] = _under_replicated(item, self._required_copies)
             pending = [i for i in pending if _busy(items[i])]
             delay = backoff_delay(attempt, cap=BUSY_BACKOFF_CAP)
             if not pending or time.monotonic() + delay > deadline:
@@ -565,7 +748,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
             raise
         if outcome.errors or outcome.refused or outcome.busy:
             failed = bool(outcome.errors or outcome.busy)
-            yield from self._release_steps(request.holder_id, request.owner.key, outcome.taken, quiet=failed)
+            # A busy item may have been written all the same (to too few shard copies): give back every node.
+            given_back = [n for n, _ in request.targets] if outcome.busy else outcome.taken
+            yield from self._release_steps(request.holder_id, request.owner.key, given_back, quiet=failed)
             if outcome.errors:
                 raise LockBackendUnavailable(f"Elasticsearch refused the acquire: {'; '.join(outcome.errors)}")
             if not outcome.refused:
@@ -612,7 +797,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
             op
             for node, mode in batch
             for op in self._scripted(
-                node.id,
+                node,
                 scripts.ACQUIRE,
                 self._acquire_params(node, mode, holder, request),
                 fields=fields_back,
@@ -633,7 +818,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         }
         params = {"holder": {**holder, "mode": mode.value}, "ttl_ms": request.ttl_ms, "fresh": fresh}
         fields = ["holders.id"] if request.ticket is not None else None
-        return self._scripted(node.id, scripts.CREATE, params, fields=fields, scripted_upsert=True, upsert={})
+        return self._scripted(node, scripts.CREATE, params, fields=fields, scripted_upsert=True, upsert={})
 
     def _acquire_params(
         self, node: Node, mode: modes.Mode, holder: dict[str, Any], request: LockRequest
@@ -717,7 +902,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         with self._sole_lock:
             self._blocked.pop(request.holder_id, None)
         params = {"holder_id": request.holder_id}
-        operations = [op for node, _ in request.targets for op in self._scripted(node.id, scripts.WITHDRAW, params)]
+        operations = [op for node, _ in request.targets for op in self._scripted(node, scripts.WITHDRAW, params)]
         yield from self._bulk_steps(operations, "withdraw waiting markers")
 
     def release(self, grant: Grant) -> bool:
@@ -736,7 +921,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
 
         A node this holder created and that nobody wrote since is deleted
         outright (if ``_seq_no`` still matches); the others, and any such
-        delete that fails, go through the RELEASE script.
+        delete that fails, go through the RELEASE script. A release resent
+        after a lost answer (:meth:`_call_steps`) may find the holder gone by
+        its own first send: then a missing holder does not count as lost.
         """
         sole = self._forget_sole(holder_id)
         if not nodes:
@@ -747,18 +934,19 @@ class ElasticsearchLockBackend(BaseLockBackend):
         operations: list[dict[str, Any]] = []
         for node in nodes:
             if node.id in sole:
-                operations.append(self._delete_unchanged(node.id, *sole[node.id]))
+                operations.append(self._delete_unchanged(self.index_of(node.namespace), node.id, *sole[node.id]))
             else:
-                operations += self._scripted(node.id, scripts.RELEASE, params)
+                operations += self._scripted(node, scripts.RELEASE, params)
+        resent: list[bool] = []
         try:
-            items = yield from self._bulk_steps(operations, "release", retry_for=retry_for)
+            items = yield from self._bulk_steps(operations, "release", retry_for=retry_for, resent=resent)
             changed = [
                 node for node, item in zip(nodes, items, strict=True) if "delete" in item and _result(item) != "deleted"
             ]
             scripted = [(node, item) for node, item in zip(nodes, items, strict=True) if "update" in item]
             if changed:
-                operations = [op for node in changed for op in self._scripted(node.id, scripts.RELEASE, params)]
-                again = yield from self._bulk_steps(operations, "release", retry_for=retry_for)
+                operations = [op for node in changed for op in self._scripted(node, scripts.RELEASE, params)]
+                again = yield from self._bulk_steps(operations, "release", retry_for=retry_for, resent=resent)
                 scripted += zip(changed, again, strict=True)
         except LockBackendUnavailable:
             if quiet:
@@ -772,7 +960,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
             body = item["update"]
             if body.get("result") in ("updated", "deleted"):
                 continue
-            all_there = False
+            all_there = all_there and bool(resent) and body.get("status") in (None, 200, 404)
             if body.get("status") not in (None, 200, 404):
                 failures.append(f"{node}: {body.get('error')}")
         if failures and not quiet:
@@ -802,9 +990,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
     ) -> Steps[bool]:
         params = renew_params(grant, checkpoint, recovery)
         fields = ["holders.id", "waiters.id"]
-        operations = [
-            op for node in grant.taken for op in self._scripted(node.id, scripts.RENEW, params, fields=fields)
-        ]
+        operations = [op for node in grant.taken for op in self._scripted(node, scripts.RENEW, params, fields=fields)]
         if not operations:
             return True
         items = yield from self._bulk_steps(operations, "renew", retry_for=0)  # the renewer retries within the lease
@@ -816,11 +1002,14 @@ class ElasticsearchLockBackend(BaseLockBackend):
 
     # --- inspection and maintenance -------------------------------------------
 
-    def _refresh(self) -> None:
-        self._call("refresh the lock index", _Api("indices.refresh", {"index": self.index}))
+    def _refresh(self, namespace: str | None = None) -> None:
+        indices = self._indices_of(namespace)
+        self._call("refresh the lock index", _Api("indices.refresh", {"index": indices, "ignore_unavailable": True}))
 
-    def _index_exists(self) -> bool:
-        return bool(self._call("look up the lock index", _Api("indices.exists", {"index": self.index})))
+    def _index_exists(self, namespace: str | None = None) -> bool:
+        """Return whether the lock index of ``namespace`` exists (any lock index, for None)."""
+        indices = [self.index_of(namespace)] if namespace is not None else self.lock_indices
+        return any(self._call("look up the lock index", _Api("indices.exists", {"index": i})) for i in indices)
 
     def holders(
         self,
@@ -834,9 +1023,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
         expired: bool | None = None,
         parent: str | None = None,
     ) -> HolderPage:
-        if not self._index_exists():
+        if not self._index_exists(namespace):
             return HolderPage([], None)
-        self._refresh()
+        self._refresh(namespace)
         filters: list[dict[str, Any]] = []
         if namespace is not None:
             filters.append({"term": {"namespace": namespace}})
@@ -868,7 +1057,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
         body: dict[str, Any] = {"query": {"bool": {"filter": filters}}, "sort": _SORT, "size": limit}
         if cursor:
             body["search_after"] = _decode_cursor(cursor)
-        hits = self._call("list holders", _Api("search", {"index": self.index, **body}))["hits"]["hits"]
+        search = _Api("search", {"index": self._indices_of(namespace), "ignore_unavailable": True, **body})
+        hits = self._call("list holders", search)["hits"]["hits"]
         records = []
         for hit in hits:
             inner = hit.get("inner_hits", {}).get("match")
@@ -877,9 +1067,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
         return HolderPage(records, next_cursor)
 
     def node_holders(self, node: Node) -> list[HolderRecord]:
-        if not self._index_exists():
+        if not self._index_exists(node.namespace):
             return []
-        get = _Api("get", {"index": self.index, "id": node.id}, options={"ignore_status": 404})
+        get = _Api("get", {"index": self.index_of(node.namespace), "id": node.id}, options={"ignore_status": 404})
         response = self._call("read a lock node", get)
         return _records(response["_source"]) if response.get("found") else []
 
@@ -930,7 +1120,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
         ]
         if not chosen:
             return []
-        operations = [self._delete_unchanged(hit["_id"], hit["_seq_no"], hit["_primary_term"]) for hit in chosen]
+        operations = [
+            self._delete_unchanged(hit["_index"], hit["_id"], hit["_seq_no"], hit["_primary_term"]) for hit in chosen
+        ]
         items = self._bulk(operations, "evict expired holders")
         return [
             r
@@ -941,16 +1133,16 @@ class ElasticsearchLockBackend(BaseLockBackend):
 
     def _evict(self, found: list[HolderRecord], grace_ms: int) -> list[HolderRecord]:
         """Run EVICT on the nodes of ``found``; delete the nodes it left empty, if nobody wrote them since."""
-        by_node: dict[str, list[HolderRecord]] = {}
+        by_node: dict[Node, list[HolderRecord]] = {}
         for record in found:
-            by_node.setdefault(record.node.id, []).append(record)
+            by_node.setdefault(record.node, []).append(record)
         params = {"grace_ms": grace_ms}
         fields = ["holders.id", "waiters.id"]
-        operations = [op for node_id in by_node for op in self._scripted(node_id, scripts.EVICT, params, fields=fields)]
+        operations = [op for node in by_node for op in self._scripted(node, scripts.EVICT, params, fields=fields)]
         items = self._bulk(operations, "evict expired holders")
         evicted: list[HolderRecord] = []
         emptied: list[dict[str, Any]] = []
-        for (node_id, records), item in zip(by_node.items(), items, strict=True):
+        for (node, records), item in zip(by_node.items(), items, strict=True):
             body = item["update"]
             if body.get("result") != "updated":
                 continue
@@ -958,14 +1150,14 @@ class ElasticsearchLockBackend(BaseLockBackend):
             left = {h["id"] for h in source.get("holders") or ()}
             evicted.extend(r for r in records if r.holder_id not in left)
             if not left and not source.get("waiters"):
-                emptied.append(self._delete_unchanged(node_id, body["_seq_no"], body["_primary_term"]))
+                emptied.append(self._delete_unchanged(body["_index"], node.id, body["_seq_no"], body["_primary_term"]))
         if emptied:
             self._bulk(emptied, "delete emptied lock nodes")  # a 409 means someone took the node since: keep it
         return evicted
 
-    def _delete_unchanged(self, node_id: str, seq_no: int, primary_term: int) -> dict[str, Any]:
+    def _delete_unchanged(self, index: str, node_id: str, seq_no: int, primary_term: int) -> dict[str, Any]:
         """Return the ``_bulk`` line deleting a node only if its last write is still the one at ``seq_no``."""
-        return {"delete": {"_index": self.index, "_id": node_id, "if_seq_no": seq_no, "if_primary_term": primary_term}}
+        return {"delete": {"_index": index, "_id": node_id, "if_seq_no": seq_no, "if_primary_term": primary_term}}
 
     def _search_pages(
         self,
@@ -981,9 +1173,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
         is False; ``must_not`` excludes nodes. Hits carry ``_seq_no`` and
         ``_primary_term``.
         """
-        if not self._index_exists():
+        if not self._index_exists(namespace):
             return
-        self._refresh()
+        self._refresh(namespace)
         if inner_hits:
             nested = {**nested, "inner_hits": {"size": 100, "name": "match"}}
         filters: list[dict[str, Any]] = [{"nested": nested}]
@@ -1000,7 +1192,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
             "track_total_hits": False,
         }
         while True:
-            hits = self._call("search holders", _Api("search", {"index": self.index, **body}))["hits"]["hits"]
+            search = _Api("search", {"index": self._indices_of(namespace), "ignore_unavailable": True, **body})
+            hits = self._call("search holders", search)["hits"]["hits"]
             if hits:
                 yield hits
             if len(hits) < self.page_size:
@@ -1045,7 +1238,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
 
         def operations(batch: Sequence[HolderRecord], expected_owner_key: str | None) -> list[dict[str, Any]]:
             script_params = {**params, "expected_owner_key": expected_owner_key}
-            return [op for r in batch for op in self._scripted(r.node.id, scripts.TAKE_OVER, script_params)]
+            return [op for r in batch for op in self._scripted(r.node, scripts.TAKE_OVER, script_params)]
 
         # The arbiter alone first: whoever updates it owns the recovery.
         (item,) = self._bulk(operations([arbiter], arbiter.owner.get("key")), "take a holder over")
@@ -1065,10 +1258,12 @@ class ElasticsearchLockBackend(BaseLockBackend):
         try:
             with self._translate("reach the cluster"):
                 client = self.client.options(request_timeout=5)
-                if not client.indices.exists(index=self.index):
-                    return []  # created with the right mapping on first use
-                mapping = client.indices.get_mapping(index=self.index)
-                settings = client.indices.get_settings(index=self.index)
+                data_nodes = int(client.cluster.health()["number_of_data_nodes"])
+                found = {}
+                for index in self.lock_indices:
+                    if client.indices.exists(index=index):
+                        mapping = client.indices.get_mapping(index=index)
+                        found[index] = (mapping, client.indices.get_settings(index=index))
         except LockBackendUnavailable as e:
             return [
                 checks.Error(
@@ -1078,22 +1273,65 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 )
             ]
         errors = []
-        actual = next(iter(mapping.values()))["mappings"]
-        if actual.get("dynamic") not in ("strict", False) or actual.get("properties") != MAPPING["properties"]:
-            errors.append(
-                checks.Error(
-                    f"Elasticsearch index {self.index!r} has a mapping that is not django-esdlock's lock mapping.",
-                    hint="Point OPTIONS['index'] at a new index name, or delete the index when no lock is held.",
-                    id="django_esdlock.E003",
+        for index, (mapping, settings) in found.items():
+            actual = next(iter(mapping.values()))["mappings"]
+            if actual.get("dynamic") not in ("strict", False) or actual.get("properties") != MAPPING["properties"]:
+                errors.append(
+                    checks.Error(
+                        f"Elasticsearch index {index!r} has a mapping that is not django-esdlock's lock mapping.",
+                        hint="Point OPTIONS['index'] at a new index name, or delete the index when no lock is held.",
+                        id="django_esdlock.E003",
+                    )
                 )
-            )
-        shards = next(iter(settings.values()))["settings"]["index"].get("number_of_shards")
-        if str(shards) != "1":
-            errors.append(
-                checks.Error(
-                    f"Elasticsearch index {self.index!r} has {shards} primary shards; fencing tokens need exactly 1.",
-                    hint="Recreate the lock index with one primary shard.",
-                    id="django_esdlock.E004",
+            index_settings = next(iter(settings.values()))["settings"]["index"]
+            shards = index_settings.get("number_of_shards")
+            if str(shards) != "1":
+                errors.append(
+                    checks.Error(
+                        f"Elasticsearch index {index!r} has {shards} primary shards; fencing tokens need exactly 1.",
+                        hint="Recreate the lock index with one primary shard.",
+                        id="django_esdlock.E004",
+                    )
                 )
-            )
+            errors.extend(self._durability_warnings(index, index_settings, data_nodes))
+        if data_nodes > 1:
+            missing = [i for i in self.lock_indices if i not in found]
+            if missing:  # judged by the settings they will be created with
+                errors.extend(self._durability_warnings(missing[0], self._index_settings(), data_nodes, planned=True))
         return errors
+
+    def _durability_warnings(
+        self, index: str, settings: Mapping[str, Any], data_nodes: int, *, planned: bool = False
+    ) -> list[checks.CheckMessage]:
+        """Warn when a lock index on a cluster of ``data_nodes`` cannot keep a grant through the loss of one node.
+
+        It cannot when it would keep a single copy there, or when a write may be
+        acknowledged by fewer than two copies (``wait_for_active_shards`` 1). A
+        single-node cluster has no node to lose: nothing to warn about.
+        """
+        if data_nodes < 2:
+            return []
+        expand = settings.get("auto_expand_replicas")
+        if expand not in (None, False, "false"):
+            copies = _copies(str(expand), data_nodes)
+        else:
+            copies = 1 + int(settings.get("number_of_replicas", 1))
+        wait = self.wait_for_active_shards
+        acked_by = copies // 2 + 1 if wait == "auto" else copies if wait == "all" else int(wait)
+        if copies >= 2 and acked_by >= 2:
+            return []
+        which = "would be created" if planned else "is"
+        reason = (
+            f"keeps {copies} copy on {data_nodes} data nodes"
+            if copies < 2
+            else "acknowledges a write from the primary alone (wait_for_active_shards 1)"
+        )
+        return [
+            checks.Warning(
+                f"Elasticsearch lock index {index!r} {which} unable to keep a grant through the loss of one node: "
+                f"it {reason}.",
+                hint="Give it replicas (OPTIONS['number_of_replicas'], default '0-2', or "
+                f"PUT {index}/_settings) and leave OPTIONS['wait_for_active_shards'] at 'auto' (a majority).",
+                id="django_esdlock.W005",
+            )
+        ]

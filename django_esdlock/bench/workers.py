@@ -307,6 +307,17 @@ class WorkerPool:
             conn.send(stop_at)
         return [{**result, "stop_at": stop_at} for result in self.results(conns)]
 
+    def run_each(self, task: str, config: dict[str, Any], kwargs_list: list[dict[str, Any]]) -> list[Any]:
+        """Run ``task`` on one worker per entry of ``kwargs_list`` at once, each with its own arguments."""
+        if len(kwargs_list) > len(self.conns):
+            raise ValueError(f"the pool has {len(self.conns)} workers, not {len(kwargs_list)}")
+        conns = self.conns[: len(kwargs_list)]
+        for conn, kwargs in zip(conns, kwargs_list, strict=True):
+            self._settle(conn)
+            conn.send(("run", task, config, kwargs))
+            self._busy.add(id(conn))
+        return self.results(conns)
+
     def run(self, task: str, config: dict[str, Any], count: int, **kwargs: Any) -> list[Any]:
         """Run ``task`` on ``count`` workers at once and return their results."""
         return self.results(self.start(task, config, count, **kwargs))

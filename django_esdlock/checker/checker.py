@@ -53,6 +53,12 @@ class Violation:
         return {"check": self.check, "claim": CHECKS[self.check], "message": self.message, "events": self.events}
 
 
+NODE_EVENTS = ("node_kill", "node_restart", "node_restarted", "cluster_whole")
+"""The failover fault's events: an Elasticsearch node killed, its restart started and ended, the cluster whole."""
+STORE_EVENTS = ("cut", "restore", *NODE_EVENTS)
+"""Fault events that touch every process: the store's."""
+
+
 @dataclasses.dataclass
 class Faults:
     """The faults of the history, by process."""
@@ -73,7 +79,7 @@ class Faults:
         exits = []
         for e in events:
             kind = e["type"]
-            if kind in ("pause", "resume", "kill", "cut", "restore"):
+            if kind in ("pause", "resume", "kill", "cut", "restore", *NODE_EVENTS):
                 nemesis.append(e)
             if kind == "pause":
                 started[e["victim"]] = e["t"]
@@ -97,7 +103,7 @@ class Faults:
         return [
             e
             for e in self.nemesis
-            if start <= e["t"] <= end and (e.get("victim") in processes or e["type"] in ("cut", "restore"))
+            if start <= e["t"] <= end and (e.get("victim") in processes or e["type"] in STORE_EVENTS)
         ]
 
 
@@ -308,8 +314,8 @@ def check_intents(events: list[dict[str, Any]], ops: dict[str, Operation], fault
         if rec is None:
             continue
         # At least every checkpoint recorded as done before the recovery (the holder records
-        # it once the store answered); at most one the holder tried (in flight, or whose
-        # answer was lost, it may have been stored).
+        # it once the store answered); at most one the holder tried (it records each before
+        # the call too: in flight at a kill, or its answer lost, it may have been stored).
         done_steps = [c["data"]["step"] for c in op.checkpoints if c.get("outcome") == "ok" and c["t"] < rec["t"]]
         tried_steps = [c["data"]["step"] for c in op.checkpoints] + [0]
         got = (rec.get("checkpoint") or {}).get("step", 0)
@@ -346,12 +352,14 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     for op in workload:
         outcomes["granted" if op.granted else (op.done or {}).get("outcome", "indeterminate")] += 1
     lost = [op for op in workload if op.granted and op.lost is not None]
-    faults: dict[str, int] = {"pause": 0, "kill": 0, "store": 0}
+    faults: dict[str, int] = {"pause": 0, "kill": 0, "store": 0, "failover": 0}
     for e in events:
         if e["type"] in ("pause", "kill"):
             faults[e["type"]] += 1
         elif e["type"] == "cut":
             faults["store"] += 1
+        elif e["type"] == "node_kill":
+            faults["failover"] += 1
     return {
         "operations": len(workload),
         "grants": sum(op.granted for op in workload),
@@ -365,4 +373,11 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         "faults": faults,
         "kills_holding_intent": sum(e["type"] == "kill" and e.get("holding") == 2 for e in events),
         "leftovers": sum(e["type"] == "leftover" for e in events),
+        "nodes_killed": [f"{e['node']} ({e['role']})" for e in events if e["type"] == "node_kill"],
+        "failover_problems": [
+            e.get("error") or f"{e['type']} {e.get('node', '')} {e.get('output', '')}".strip()
+            for e in events
+            if e["type"] in ("failover_error", "node_not_back", "cluster_not_whole")
+            or (e["type"] == "node_restarted" and e.get("exitcode"))
+        ],
     }

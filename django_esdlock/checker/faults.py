@@ -1,4 +1,4 @@
-"""The nemesis: pauses (SIGSTOP past the lease, then SIGCONT), kills (SIGKILL mid-hold) and store cuts."""
+"""The nemesis: pauses (SIGSTOP past the lease, then SIGCONT), kills (SIGKILL mid-hold), store cuts, node failovers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-FAULTS = ("pause", "kill", "store")
+FAULTS = ("pause", "kill", "store", "failover")
 
 
 class Nemesis:
@@ -17,7 +17,9 @@ class Nemesis:
 
     ``pids()`` gives the current pid of each worker slot and ``holding()``
     what each slot holds (0 nothing, 1 a lock, 2 a lock with an intent);
-    ``respawn(slot)`` replaces a killed worker.
+    ``respawn(slot)`` replaces a killed worker. A fault method that returns
+    False injected nothing this turn (a failover while the last killed node is
+    not back yet).
     """
 
     def __init__(
@@ -29,6 +31,7 @@ class Nemesis:
         record: Callable[..., Any],
         workers: Any,
         proxy: Any | None,
+        failover: Any | None = None,
     ) -> None:
         self.faults = list(faults)
         self.ttl = ttl
@@ -36,6 +39,7 @@ class Nemesis:
         self.record = record
         self.workers = workers
         self.proxy = proxy
+        self.failover_driver = failover
         self.injected = dict.fromkeys(FAULTS, 0)
         self._kills = 0
 
@@ -46,8 +50,8 @@ class Nemesis:
         turn = 0
         while not stopping() and time.monotonic() < stop_at - 0.3:
             fault = self.faults[turn % len(self.faults)]
-            getattr(self, fault)(stopping)
-            self.injected[fault] += 1
+            if getattr(self, fault)(stopping) is not False:
+                self.injected[fault] += 1
             turn += 1
             self._sleep(self.rng.uniform(0.3, 1.0) * self.ttl, stopping)
 
@@ -107,3 +111,13 @@ class Nemesis:
         finally:
             self.proxy.restore()
             self.record("restore")
+
+    def failover(self, stopping: Callable[[], bool]) -> bool:
+        """SIGKILL the node of the lock index's primary, or the master, in turn; restart it in the background."""
+        from .failover import failover_errors
+
+        try:
+            return self.failover_driver.inject()
+        except failover_errors() as e:  # a kill command that failed, a cluster that did not answer: say so, go on
+            self.record("failover_error", error=f"{type(e).__name__}: {e}")
+            return False

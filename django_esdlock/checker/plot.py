@@ -11,7 +11,7 @@ COLORS = {"X": "tab:red", "S": "tab:blue"}
 
 
 def plot(result: Any, path: str) -> None:
-    """Draw each grant's hold of its S/X nodes as a bar per node; pauses, kills and store cuts marked."""
+    """Draw each grant's hold of its S/X nodes as a bar per node; faults marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,6 +43,7 @@ def plot(result: Any, path: str) -> None:
             )
     paused: dict[str, float] = {}
     cut = None
+    down: dict[str, float] = {}
     for e in events:
         t = e["t"] - origin
         if e["type"] == "pause":
@@ -56,11 +57,16 @@ def plot(result: Any, path: str) -> None:
         elif e["type"] == "restore" and cut is not None:
             ax.axvspan(cut, t, color="grey", alpha=0.3, lw=0)
             cut = None
+        elif e["type"] == "node_kill":
+            down[e["node"]] = t
+            ax.axvline(t, color="purple", lw=1.5)
+        elif e["type"] == "node_restarted" and e["node"] in down:
+            ax.axvspan(down.pop(e["node"]), t, color="purple", alpha=0.12, lw=0)
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_xlabel("seconds")
     ax.set_title(
-        f"lock_check {result.backend}: X red, S blue, lost hatched; pauses gold, store cuts grey, kills dashed; "
-        f"{len(result.violations)} violations",
+        f"lock_check {result.backend}: {len(result.violations)} violations\n"
+        "X red, S blue, lost hatched; pauses gold, store cuts grey, kills dashed, Elasticsearch nodes down purple",
         fontsize=9,
     )
     fig.tight_layout()

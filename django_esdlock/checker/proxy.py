@@ -96,3 +96,23 @@ def _reset(s: socket.socket) -> None:
         s.shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(OSError):
         s.close()
+
+
+class Proxies:
+    """One :class:`Proxy` per store endpoint (every node of a cluster), cut and restored together."""
+
+    def __init__(self, targets: list[tuple[str, int]]) -> None:
+        self.proxies = [Proxy(*target) for target in targets]
+        self.ports = [proxy.port for proxy in self.proxies]
+
+    def cut(self) -> None:
+        for proxy in self.proxies:
+            proxy.cut()
+
+    def restore(self) -> None:
+        for proxy in self.proxies:
+            proxy.restore()
+
+    def close(self) -> None:
+        for proxy in self.proxies:
+            proxy.close()

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from .checker import CHECKS
+from .faults import FAULTS
 from .run import CheckResult
 
 BAR = 30
@@ -42,11 +43,11 @@ def summary_table(result: CheckResult) -> str:
         ),
         (
             "faults injected",
-            ", ".join(f"{name} {faults[name]}" for name in ("pause", "kill", "store") if name in result.options.faults)
-            or "none",
+            ", ".join(f"{name} {faults[name]}" for name in FAULTS if name in result.options.faults) or "none",
         ),
         *((f"  {name}", f"skipped: {why}") for name, why in result.skipped.items()),
         ("  kills of intent holders", str(s["kills_holding_intent"])) if "kill" in result.options.faults else None,
+        ("  nodes killed", _nodes_killed(s)) if s["nodes_killed"] or s["failover_problems"] else None,
         ("locks lost", f"{s['locks_lost']}, each told to its holder (lock.lost / LockLost)"),
         ("left held after reap", str(s["leftovers"])),
         ("violations", str(len(result.violations))),
@@ -54,6 +55,13 @@ def summary_table(result: CheckResult) -> str:
     rows = [row for row in rows if row is not None]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def _nodes_killed(s: dict[str, Any]) -> str:
+    killed = ", ".join(s["nodes_killed"]) or "none"
+    if s["failover_problems"]:
+        return f"{killed}; PROBLEMS: {'; '.join(s['failover_problems'])}"
+    return f"{killed}; each restarted, the cluster whole again"
 
 
 def format_event(event: dict[str, Any], origin: float) -> str:

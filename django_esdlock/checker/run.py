@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import multiprocessing
 import os
 import random
@@ -22,9 +23,10 @@ from ..conf import backend_config, load_backend
 from ..exceptions import LockError
 from ..records import Kind, Node
 from .checker import DEFAULT_SLACK, Violation, check_history, summarize
+from .failover import DEFAULT_KILL, Failover, FailoverCommands, failover_errors
 from .faults import FAULTS, Nemesis
 from .history import HistoryWriter, read_events, write_history
-from .proxy import Proxy
+from .proxy import Proxies
 from .workload import COUNTERS, WorkloadSpec, _recoveries, node_list, worker_main
 
 
@@ -58,6 +60,10 @@ class CheckOptions:
     slack: float = DEFAULT_SLACK
     hold: float | None = None
     """Longest hold of a grant (default the smaller of 0.3 s and a third of the lease)."""
+    failover_restart: str | None = None
+    """Shell template that starts a killed Elasticsearch node again (placeholders: see :class:`FailoverCommands`)."""
+    failover_kill: str = DEFAULT_KILL
+    """Shell template that kills a node (default: SIGKILL of the pid it reports, for nodes on this machine)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.faults) - set(FAULTS)
@@ -115,6 +121,8 @@ class CheckResult:
             "ttl": self.options.ttl,
             "slack": self.options.slack,
             "faults": list(self.options.faults),
+            "failover_restart": self.options.failover_restart,
+            "failover_kill": self.options.failover_kill,
             "skipped_faults": self.skipped,
             "summary": self.summary,
             "violations": [v.as_dict() for v in self.violations],
@@ -125,39 +133,42 @@ class CheckResult:
 # --- the store proxy ----------------------------------------------------------
 
 
-def _proxy_target(config: dict[str, Any]) -> tuple[tuple[str, int] | None, str]:
-    """Return (host, port) of the store's TCP endpoint, or None and why the store fault cannot apply."""
+def _proxy_targets(config: dict[str, Any]) -> tuple[list[tuple[str, int]], str]:
+    """Return (host, port) of each of the store's TCP endpoints, or [] and why the store fault cannot apply."""
     options = config["OPTIONS"]
     if "hosts" in options:
         hosts = options["hosts"]
-        url = hosts[0] if isinstance(hosts, (list, tuple)) else hosts
-        if not isinstance(url, str):
-            return None, "the Elasticsearch hosts are not given as URLs"
-        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme != "http":
-            return None, "the Elasticsearch URL is https (a proxy on 127.0.0.1 would fail certificate checks)"
-        return (parts.hostname or "127.0.0.1", parts.port or 9200), ""
+        targets = []
+        for url in hosts if isinstance(hosts, (list, tuple)) else [hosts]:
+            if not isinstance(url, str):
+                return [], "the Elasticsearch hosts are not given as URLs"
+            parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+            if parts.scheme != "http":
+                return [], "the Elasticsearch URL is https (a proxy on 127.0.0.1 would fail certificate checks)"
+            targets.append((parts.hostname or "127.0.0.1", parts.port or 9200))
+        return targets, ""
     url = options.get("url")
     if url is None and "using" in options:
         from django.db import connections
 
         settings = connections.settings[options["using"]]
         if "postgresql" not in settings["ENGINE"]:
-            return None, f"database alias {options['using']!r} is not PostgreSQL (SQLite is a local file)"
-        return (settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or 5432)), ""
+            return [], f"database alias {options['using']!r} is not PostgreSQL (SQLite is a local file)"
+        return [(settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or 5432))], ""
     if url is None:
-        return None, f"{config['BACKEND']} names no TCP endpoint"
+        return [], f"{config['BACKEND']} names no TCP endpoint"
     parts = urllib.parse.urlsplit(url)
     if parts.scheme == "sqlite":
-        return None, "SQLite is a local file: there is no connection to cut"
-    return (parts.hostname or "127.0.0.1", parts.port or 5432), ""
+        return [], "SQLite is a local file: there is no connection to cut"
+    return [(parts.hostname or "127.0.0.1", parts.port or 5432)], ""
 
 
-def _through_proxy(config: dict[str, Any], port: int) -> dict[str, Any]:
-    """Return ``config`` with its store endpoint replaced by the proxy's."""
+def _through_proxy(config: dict[str, Any], ports: list[int]) -> dict[str, Any]:
+    """Return ``config`` with its store endpoints replaced by the proxies' (one per Elasticsearch host)."""
     options = dict(config["OPTIONS"])
+    port = ports[0]
     if "hosts" in options:
-        options["hosts"] = [f"http://127.0.0.1:{port}"]
+        options["hosts"] = [f"http://127.0.0.1:{p}" for p in ports]
     elif "url" in options:
         parts = urllib.parse.urlsplit(options["url"])
         auth = parts.netloc.rpartition("@")[0]
@@ -171,6 +182,21 @@ def _through_proxy(config: dict[str, Any], port: int) -> dict[str, Any]:
         auth = f"{user}:{password}@" if password else f"{user}@" if user else ""
         options["url"] = f"postgres://{auth}127.0.0.1:{port}/{urllib.parse.quote(settings['NAME'], safe='')}"
     return {**config, "OPTIONS": options}
+
+
+def _failover(
+    config: dict[str, Any], backend: Any, namespace: str, options: CheckOptions, record: Callable[..., Any]
+) -> tuple[Failover | None, str]:
+    """Return the failover fault's driver for this store, or None and why it cannot apply."""
+    if "hosts" not in config["OPTIONS"]:
+        return None, "not Elasticsearch: a database has no node of a cluster to fail over"
+    commands = FailoverCommands(restart=options.failover_restart, kill=options.failover_kill)
+    failover = Failover(backend, backend.index_of(namespace), commands, record)
+    try:
+        why = failover.applicable()
+    except failover_errors() as e:  # the cluster did not say which nodes it has
+        return None, f"could not list the cluster's nodes: {type(e).__name__}: {e}"
+    return (None, why) if why else (failover, "")
 
 
 # --- the worker processes ---------------------------------------------------------
@@ -314,18 +340,24 @@ def run_check(
     backend.setup()  # before the workers: N processes creating the tables or index on first use would race
     started = time.monotonic()
     skipped: dict[str, str] = {}
-    proxy: Proxy | None = None
+    proxy: Proxies | None = None
     worker_config = config
     if "store" in options.faults:
-        target, why = _proxy_target(config)
-        if target is None:
+        targets, why = _proxy_targets(config)
+        if not targets:
             skipped["store"] = why
         else:
-            proxy = Proxy(*target)
-            worker_config = _through_proxy(config, proxy.port)
-    faults = [f for f in options.faults if f not in skipped]
+            proxy = Proxies(targets)
+            worker_config = _through_proxy(config, proxy.ports)
     directory = tempfile.mkdtemp(prefix="lock-check-")
     writer = HistoryWriter(Path(directory) / "command.jsonl", "command")
+    nemesis_record = functools.partial(writer.record, process="nemesis")
+    failover: Failover | None = None
+    if "failover" in options.faults:
+        failover, why = _failover(config, backend, namespace, options, nemesis_record)
+        if failover is None:
+            skipped["failover"] = why
+    faults = [f for f in options.faults if f not in skipped]
     spec = WorkloadSpec(
         config=worker_config,
         namespace=namespace,
@@ -351,9 +383,10 @@ def run_check(
             faults,
             ttl=options.ttl,
             rng=rng,
-            record=lambda kind, **kw: writer.record(kind, process="nemesis", **kw),
+            record=nemesis_record,
             workers=workers,
             proxy=proxy,
+            failover=failover,
         )
         done = threading.Event()
         thread = threading.Thread(target=nemesis.run, args=(stop_at, done.is_set), name="lock-check-nemesis")
@@ -372,10 +405,14 @@ def run_check(
         reaping.join(timeout=60)
         if proxy is not None:
             proxy.restore()
+        if failover is not None:
+            failover.settle()  # the last killed node back before the final reap, and the cluster whole
         _final_reap(backend, spec, reaping, writer, options)
     finally:
         if workers is not None:
             workers.kill_all()
+        if failover is not None:
+            failover.settle()  # never leave a node of the user's cluster down
         _recoveries.pop(namespace, None)
         if proxy is not None:
             proxy.close()

@@ -210,6 +210,9 @@ class Workload:
                 return
             step += 1
             if has_intent and step % 3 == 0:
+                # Recorded before the call too: a holder killed while the
+                # call is in flight may have had it stored all the same.
+                record("checkpoint", op=op_id, data={"step": step}, outcome="invoked")
                 try:
                     yield ("checkpoint", {"step": step})
                 except LockLost:

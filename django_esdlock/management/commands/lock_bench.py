@@ -72,6 +72,12 @@ class Command(BaseCommand):
         parser.add_argument("--plot", metavar="PNG", help="Also draw the figures into this PNG (needs matplotlib).")
         parser.add_argument("--es-url", help="Elasticsearch URL (default ELASTICSEARCH_URL, else a local noida-db).")
         parser.add_argument(
+            "--es-hosts",
+            metavar="URL,URL,...",
+            help="Measure only the scale-out figure on this Elasticsearch cluster: pairs/s of --workers processes, "
+            "each on a namespace of its own, with 1 and with 3 lock indices.",
+        )
+        parser.add_argument(
             "--database-url",
             help="PostgreSQL server URL; a throwaway database is created there "
             "(default DATABASE_URL, else postgres://postgres@127.0.0.1:5432/test).",
@@ -84,6 +90,9 @@ class Command(BaseCommand):
             except ImportError as e:
                 raise CommandError("--plot needs matplotlib: pip install matplotlib") from e
         sizes = dict(QUICK) if options["quick"] else {}
+        if options["es_hosts"]:
+            self._scale_out(options, sizes)
+            return
         if options["seconds"] is not None:
             sizes["seconds"] = options["seconds"]
         bench_options = Options(
@@ -120,3 +129,19 @@ class Command(BaseCommand):
             say(f"wrote {options['plot']}")
         if report.errors:
             raise CommandError(f"{len(report.errors)} figure(s) could not be measured; see above")
+
+    def _scale_out(self, options: dict[str, Any], sizes: dict[str, Any]) -> None:
+        from ...bench.cluster import scale_out
+
+        hosts = [h for h in options["es_hosts"].split(",") if h]
+        seconds = options["seconds"] or sizes.get("seconds", 3.0)
+        say = self.stderr.write if options["verbosity"] >= 1 else lambda message: None
+        figures = scale_out(hosts, workers=options["workers"], seconds=seconds, say=say)
+        if options["json"]:
+            self.stdout.write(json.dumps(figures, indent=2))
+            return
+        for figure in figures:
+            self.stdout.write(
+                f"{figure['indices']} lock index(es), {figure['workers']} processes on distinct namespaces: "
+                f"{figure['pairs_per_s']:.0f} pairs/s (primaries on {', '.join(figure['primaries_on'])})"
+            )

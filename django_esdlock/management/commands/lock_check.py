@@ -1,4 +1,4 @@
-"""manage.py lock_check: prove on your own store that its locks exclude, under pauses, kills and store cuts."""
+"""manage.py lock_check: prove on your own store that its locks exclude, under pauses, kills, cuts and failovers."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...checker.checker import DEFAULT_SLACK
+from ...checker.failover import DEFAULT_KILL
 from ...checker.faults import FAULTS
 from ...exceptions import LockError
 
@@ -46,8 +47,23 @@ class Command(BaseCommand):
             "--faults",
             type=_faults,
             default=FAULTS,
-            metavar="pause,kill,store",
-            help="Faults to inject (default all; 'none' for none).",
+            metavar="pause,kill,store,failover",
+            help="Faults to inject (default all that apply; 'none' for none).",
+        )
+        parser.add_argument(
+            "--failover-restart",
+            metavar="CMD",
+            help="Shell command that starts a killed Elasticsearch node again, run in the background; "
+            "{node} is its name, {node_number} the digits ending it, {pid} its process id, {host} its host. "
+            "For ../shared/elasticsearch/start-cluster: 'PATH/start-cluster --node {node_number}'. "
+            "Without it the failover fault is skipped.",
+        )
+        parser.add_argument(
+            "--failover-kill",
+            metavar="CMD",
+            default=DEFAULT_KILL,
+            help=f"Shell command that kills a node, same placeholders (default {DEFAULT_KILL!r}: "
+            "SIGKILL of the pid the node reports, for nodes on this machine).",
         )
         parser.add_argument("--seed", type=int, help="Seed of the workload and the faults (default random).")
         parser.add_argument(
@@ -60,6 +76,11 @@ class Command(BaseCommand):
             help=f"Seconds a request may run past its timeout before it counts as hung (default {DEFAULT_SLACK:g}).",
         )
         parser.add_argument("--backend-url", help="A lock store URL instead of LOCK_BACKEND (as the setting takes).")
+        parser.add_argument(
+            "--es-hosts",
+            metavar="URL,URL,...",
+            help="Check an Elasticsearch cluster of these hosts (index 'locks', or the --backend-url's).",
+        )
         parser.add_argument("--json", action="store_true", help="Print the result as JSON (for CI).")
         parser.add_argument("--history", metavar="FILE", help="Write the recorded history (JSON lines) to FILE.")
         parser.add_argument("--plot", metavar="PNG", help="Draw a timeline of the holds and faults (needs matplotlib).")
@@ -85,7 +106,10 @@ class Command(BaseCommand):
                 seed=options["seed"],
                 ttl=options["ttl"],
                 slack=options["slack"],
+                failover_restart=options["failover_restart"],
+                failover_kill=options["failover_kill"],
             )
+            config = _config(options["backend_url"], options["es_hosts"])
         except ValueError as e:
             raise CommandError(str(e)) from e
         verbose = options["verbosity"] >= 1 and not options["json"]
@@ -110,7 +134,7 @@ class Command(BaseCommand):
             result = _replay(load_history(options["replay"]), check_options)
         else:
             try:
-                result = run_check(options["backend_url"], check_options, progress=progress, history=options["history"])
+                result = run_check(config, check_options, progress=progress, history=options["history"])
             except (LockError, RuntimeError) as e:
                 raise CommandError(f"lock_check could not run: {e}") from e
         if options["json"]:
@@ -131,6 +155,19 @@ class Command(BaseCommand):
                 self.stderr.write(f"plot written to {options['plot']}")
         if result.violations:
             raise CommandError(f"{len(result.violations)} violation(s): see above", returncode=1)
+
+
+def _config(url: str | None, es_hosts: str | None) -> Any:
+    """The LOCK_BACKEND value to check: the URL's, or an Elasticsearch cluster's hosts (with the URL's index)."""
+    if not es_hosts:
+        return url
+    from ...conf import ELASTICSEARCH_BACKEND, parse_url
+
+    config = parse_url(url or "elasticsearch://localhost/locks")
+    if config["BACKEND"] != ELASTICSEARCH_BACKEND:
+        raise ValueError("--es-hosts takes an Elasticsearch --backend-url (for its index) or none")
+    config["OPTIONS"]["hosts"] = [h.strip() for h in es_hosts.split(",") if h.strip()]
+    return config
 
 
 def _replay(events: list[dict[str, Any]], options: Any) -> Any:

@@ -1,0 +1,248 @@
+"""Failover on the genuine three-node Elasticsearch cluster: nodes SIGKILLed under real lock traffic.
+
+Skipped unless ELASTICSEARCH_HOSTS names the cluster of ../shared/elasticsearch/start-cluster
+(./runtests starts it in the background and sets it).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from django_esdlock.checker.failover import start_cluster_restart
+from django_esdlock.conf import load_backend
+from django_esdlock.exceptions import LockBackendUnavailable, LockLost, LockUnavailable
+
+from . import cluster
+from .peer import SPAWN, setup_django
+from .procs import spawned
+from .stores import ES_BACKEND
+
+pytest_plugins = ["django_esdlock.testing"]
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(not cluster.hosts(), reason="no ELASTICSEARCH_HOSTS (the three-node cluster)"),
+]
+
+
+def cluster_config(ttl: float, **options) -> dict:
+    index = f"test-cluster-{uuid.uuid4().hex[:10]}"
+    return {"BACKEND": ES_BACKEND, "OPTIONS": {"hosts": cluster.hosts(), "index": index, **options}, "TTL": ttl}
+
+
+@pytest.fixture(scope="module")
+def whole_cluster():
+    """The cluster with its three nodes up, before and after each test (nodes killed are started again)."""
+    cluster.wait_for(3, timeout=240)  # ./runtests started it in the background
+    yield
+    cluster.make_whole()
+
+
+@pytest.fixture
+def config(request, whole_cluster):
+    configs = []
+
+    def make(ttl: float, **options) -> dict:
+        configs.append(cluster_config(ttl, **options))
+        return configs[-1]
+
+    yield make
+    cluster.make_whole()
+    for c in configs:
+        cluster.request(f"/{c['OPTIONS']['index']}", method="DELETE", timeout=30)
+
+
+def _counter_worker(config, until, state, lock_guard, log) -> dict:
+    """Increment a counter under lock_tree("/counter") until ``until.value`` (time.time()); report what happened.
+
+    ``state``: [counter, holders inside, last token, overlaps, tokens not
+    larger than the previous grant's]; ``log`` gets (time, token) per grant.
+    """
+    setup_django()
+    from django_esdlock import lock_tree
+    from django_esdlock.exceptions import LockBackendUnavailable, LockLost
+
+    backend = load_backend(config)
+    seen = {"grants": 0, "lost": 0, "expired": 0, "store_errors": 0}
+    while time.time() < until.value:
+        told = False
+        try:
+            with lock_tree("/counter", namespace="failover", timeout=30, backend=backend) as lock:
+                with lock_guard:
+                    state[1] += 1
+                    if state[1] > 1:
+                        state[3] += 1  # two holders inside at once
+                    if lock.token <= state[2]:
+                        state[4] += 1  # a token not larger than the previous grant's
+                    state[2] = max(state[2], lock.token)
+                    value = state[0]
+                    log.append((time.time(), lock.token))
+                time.sleep(0.003)  # the window a lost update needs
+                with lock_guard:
+                    state[0] = value + 1
+                    state[1] -= 1
+                seen["grants"] += 1
+                told = lock.lost  # the renewer already said so: renewals failed for a lease
+        except LockLost:
+            # Told by the renewer before the release (the cluster took writes from nobody for a
+            # lease: the lock expired, and its holder knew), or only at the release: the grant
+            # was gone although every renewal had been acknowledged — a vanished grant.
+            seen["expired" if told else "lost"] += 1
+        except LockBackendUnavailable:  # includes LockStoreBusy: no grant, nothing written
+            seen["store_errors"] += 1
+            time.sleep(0.2)
+    backend.close()
+    return seen
+
+
+def test_counter_survives_killing_the_primary_then_the_master(config):
+    """4 processes, SIGKILL of the lock index's primary node, restart, SIGKILL of the master: no violation."""
+    conf = config(ttl=6)
+    backend = load_backend(conf)
+    backend.setup()
+    index = backend.index
+    cluster.wait_for(3, status="green", index=index, timeout=30)
+    manager = SPAWN.Manager()
+    try:
+        state, log, guard = manager.list([0, 0, 0, 0, 0]), manager.list(), manager.Lock()
+        results = _run_with_faults(conf, index, backend, state, guard, log, manager.Value("d", time.time() + 150))
+    finally:
+        backend.close()
+        manager.shutdown()
+    grants = sum(r["grants"] for r in results["workers"])
+    lost = sum(r["lost"] for r in results["workers"])
+    print(f"failover: {results}")
+    assert grants >= 40
+    assert results["counter"] == grants, "lost updates"
+    assert results["overlaps"] == 0
+    assert results["stale_tokens"] == 0
+    # A LockLost at a release right across the failover is possible and safe (the counter and the
+    # overlap check above hold): the coordinating node may replay a release the old primary had
+    # already applied, and the replay finds the holder gone. It must stay rare; issue #17 keeps
+    # this open (the release cannot yet tell its own replay from a grant that vanished).
+    assert lost <= 2, f"{lost} releases found their grant gone"
+    # Fencing tokens across the primary change: proven by the grants made before and after it.
+    assert results["term_after"] > results["term_before"]
+    assert results["first_token_after"] > results["last_token_before"]
+    assert results["held_kept"]
+
+
+def _run_with_faults(conf, index, backend, state, guard, log, until) -> dict:
+    from django_esdlock import lock_tree
+
+    workers_args = [(conf, until, state, guard, log) for _ in range(4)]
+    out: dict = {}
+    held = lock_tree("/held", namespace="failover", ttl=3, timeout=10, backend=backend)
+    with spawned(_counter_worker, workers_args) as workers:
+        _wait_for_grants(log, 15, workers)
+        held.acquire()  # kept by the test process across the primary change (TTL 3 s)
+        primary = cluster.primary_node(index)
+        out["term_before"] = cluster.primary_term(index)
+        out["last_token_before"] = max(t for _, t in log)
+        killed_at = time.time()
+        cluster.kill(primary)
+        process = cluster.restart(primary)
+        # The promoted replica takes writes: grants go on while the dead node restarts.
+        _wait_for_grants(log, 10, workers, after=killed_at)
+        out["term_after"] = cluster.primary_term(index)
+        out["first_token_after"] = min(t for at, t in log if at > killed_at + 0.5)
+        competitor = lock_tree("/held", namespace="failover", timeout=0, backend=load_backend(conf))
+        with ThreadPoolExecutor(1) as other_thread, pytest.raises(LockUnavailable):
+            other_thread.submit(competitor.acquire).result(timeout=30)
+        cluster.finish(process)
+        cluster.wait_for(3, status="green", index=index, timeout=60)
+        out["held_kept"] = not held.lost
+        held.release()  # raises LockLost had its grant vanished
+        master = cluster.master_node()
+        killed_at = time.time()
+        cluster.kill(master)
+        _wait_for_grants(log, 10, workers, after=killed_at)
+        until.value = time.time() + 2
+        results = workers.results(timeout=60)
+    out["workers"] = results
+    out["counter"], _, _, out["overlaps"], out["stale_tokens"] = list(state)
+    out["grants_logged"] = len(log)
+    return out
+
+
+def _wait_for_grants(log, count: int, workers, *, after: float = 0.0, timeout: float = 45.0) -> None:
+    deadline = time.monotonic() + timeout
+    while sum(1 for at, _ in list(log) if at > after) < count:
+        workers.check()
+        assert time.monotonic() < deadline, f"fewer than {count} grants within {timeout:g}s"
+        time.sleep(0.2)
+
+
+def test_primary_only_acknowledgement_can_lose_a_grant(config):
+    """No replica (wait_for_active_shards 1): a grant acknowledged by its primary alone, and the primary's node lost.
+
+    While the node is down nothing is granted (the index is red: LockStoreBusy)
+    and the holder is told its lock is lost once renewals failed for a lease.
+    If the node's data is gone for good and an operator accepts the loss
+    (``allocate_empty_primary``), the acknowledged grant has vanished and
+    fencing tokens start again from the empty shard's sequence.
+    """
+    from django_esdlock import lock_tree
+
+    conf = config(ttl=3, number_of_replicas=0, wait_for_active_shards=1)
+    backend = load_backend(conf)
+    try:
+        lock = lock_tree("/file", namespace="durability", backend=backend).acquire()
+        token = lock.token
+        node = cluster.primary_node(backend.index)
+        cluster.kill(node)
+        other = load_backend(conf)
+        competitor = lock_tree("/file", namespace="durability", timeout=0, backend=other)
+        with ThreadPoolExecutor(1) as other_thread, pytest.raises(LockBackendUnavailable):
+            other_thread.submit(competitor.acquire).result(timeout=30)  # the index is red: busy, not granted
+        deadline = time.monotonic() + 15
+        while not lock.lost and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert lock.lost
+        live = [i for i in cluster.NODES if i != node]
+        cluster.request(
+            "/_cluster/reroute",
+            method="POST",
+            body={
+                "commands": [
+                    {
+                        "allocate_empty_primary": {
+                            "index": backend.index,
+                            "shard": 0,
+                            "node": f"n{live[0]}",
+                            "accept_data_loss": True,
+                        }
+                    }
+                ]
+            },
+            nodes=live,
+        )
+        cluster.wait_for(2, status="green", index=backend.index, timeout=30)
+        with pytest.raises(LockLost):
+            lock.release()  # the holder is told
+        again = lock_tree("/file", namespace="durability", timeout=5, backend=other).acquire()
+        assert again.token <= token, "tokens restart on an empty primary"
+        again.release()
+        other.close()
+    finally:
+        backend.close()
+
+
+def test_lock_check_is_clean_when_nodes_fail_over(config, lock_check):
+    """lock_check in short mode with the failover fault (primary's node SIGKILLed, restarted), pauses and kills."""
+    conf = config(ttl=3)
+    result = lock_check(
+        conf, seed=17, faults=("failover", "pause", "kill"), failover_restart=start_cluster_restart(cluster.START)
+    )
+    print(result.report())
+    assert result.ok, result.report()
+    summary = result.summary
+    assert summary["faults"]["failover"] >= 1 and summary["faults"]["pause"] >= 1 and summary["faults"]["kill"] >= 1
+    assert summary["nodes_killed"][0].endswith("(primary)")
+    assert summary["failover_problems"] == [], summary["failover_problems"]
+    assert summary["grants"] >= 5 and summary["leftovers"] == 0
+    assert any(e["type"] == "cluster_whole" for e in result.events)
