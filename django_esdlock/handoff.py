@@ -128,6 +128,21 @@ class _Resumed:
 
     ticket: Ticket
 
+    def __init__(self, ticket: Ticket, *, ttl: float | None = None, backend: BaseLockBackend | None = None) -> None:
+        super().__init__(  # type: ignore[call-arg]  # the Lock or AsyncLock after this mixin
+            ticket.targets,
+            timeout=0,
+            ttl=ticket.ttl if ttl is None else ttl,
+            intent=ticket.intent,
+            reentrant=ticket.reentrant,
+            backend=backend,
+        )
+        self.ticket = ticket
+        self._checkpoint = dict(ticket.checkpoint) if ticket.checkpoint is not None else None
+
+    def _recreate_cm(self) -> Any:
+        return type(self)(self.ticket, ttl=self.ttl, backend=self._backend)  # type: ignore[attr-defined]
+
     def _claim_args(self) -> dict[str, Any]:
         if self._grant is not None:  # type: ignore[attr-defined]
             raise RuntimeError(f"{self!r} is already acquired; create a new lock object")
@@ -159,21 +174,6 @@ class _Resumed:
 class ResumedLock(_Resumed, Lock):
     """The lock a ticket hands over: acquiring it claims the ticket, never waits; the rest is a Lock's."""
 
-    def __init__(self, ticket: Ticket, *, ttl: float | None = None, backend: BaseLockBackend | None = None) -> None:
-        super().__init__(
-            ticket.targets,
-            timeout=0,
-            ttl=ticket.ttl if ttl is None else ttl,
-            intent=ticket.intent,
-            reentrant=ticket.reentrant,
-            backend=backend,
-        )
-        self.ticket = ticket
-        self._checkpoint = dict(ticket.checkpoint) if ticket.checkpoint is not None else None
-
-    def _recreate_cm(self) -> ResumedLock:
-        return type(self)(self.ticket, ttl=self.ttl, backend=self._backend)
-
     def acquire(self) -> ResumedLock:
         """Become the holder the ticket names; raise LockLost if it cannot be claimed."""
         args = self._claim_args()
@@ -186,21 +186,6 @@ class ResumedLock(_Resumed, Lock):
 
 class AsyncResumedLock(_Resumed, AsyncLock):
     """Async :class:`ResumedLock`: ``async with aresume_lock(ticket)``."""
-
-    def __init__(self, ticket: Ticket, *, ttl: float | None = None, backend: BaseLockBackend | None = None) -> None:
-        super().__init__(
-            ticket.targets,
-            timeout=0,
-            ttl=ticket.ttl if ttl is None else ttl,
-            intent=ticket.intent,
-            reentrant=ticket.reentrant,
-            backend=backend,
-        )
-        self.ticket = ticket
-        self._checkpoint = dict(ticket.checkpoint) if ticket.checkpoint is not None else None
-
-    def _recreate_cm(self) -> AsyncResumedLock:
-        return type(self)(self.ticket, ttl=self.ttl, backend=self._backend)
 
     async def acquire(self) -> AsyncResumedLock:
         """Become the holder the ticket names; raise LockLost if it cannot be claimed."""
