@@ -30,6 +30,19 @@ class RequestCount:
         self.value = 0
 
 
+@contextlib.contextmanager
+def statements_counted(backend: Any) -> Iterator[RequestCount]:
+    """Count the statements the calling thread sends on a database backend's lock connection."""
+    count = RequestCount()
+
+    def counted(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        count.value += 1
+        return execute(sql, params, many, context)
+
+    with backend.connection.execute_wrapper(counted):
+        yield count
+
+
 class StoreKit(abc.ABC):
     """One store under test: its lock backend plus the raw operations the figures are held against.
 

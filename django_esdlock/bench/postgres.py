@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 
 from .common import ratio_at_least
-from .kit import Baseline, RequestCount, StoreKit, bench_owner, fill_nodes
+from .kit import Baseline, RequestCount, StoreKit, bench_owner, fill_nodes, statements_counted
 
 ADVISORY_KEY = 0x62_65_6E_63_68  # "bench"
 
@@ -64,17 +63,9 @@ class PostgresKit(StoreKit):
         self.raw.execute("SELECT pg_advisory_lock(%s)", (ADVISORY_KEY,))
         self.raw.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_KEY,))
 
-    @contextlib.contextmanager
-    def counting(self) -> Iterator[RequestCount]:
+    def counting(self) -> contextlib.AbstractContextManager[RequestCount]:
         """Count statements on the calling thread's lock connection: each one is a round trip."""
-        count = RequestCount()
-
-        def counted(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
-            count.value += 1
-            return execute(sql, params, many, context)
-
-        with self.backend.connection.execute_wrapper(counted):
-            yield count
+        return statements_counted(self.backend)
 
     def fill(self, namespace: str, count: int, *, expired: bool) -> None:
         nodes = list(fill_nodes(namespace, count))

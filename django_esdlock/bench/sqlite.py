@@ -5,10 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Callable, Iterator
 from typing import Any
 
-from .kit import Baseline, RequestCount, StoreKit, bench_owner, fill_nodes
+from .kit import Baseline, RequestCount, StoreKit, bench_owner, fill_nodes, statements_counted
 
 # One node row and one holder row per filled lock (the layout of backends/database/sqlite.py),
 # the holder's lease set by SQLite's clock like the backend's.
@@ -43,17 +42,9 @@ class SqliteKit(StoreKit):
         self.raw.execute("INSERT INTO esdlock_bench_row (id) VALUES (?)", ("bench",))
         self.raw.execute("DELETE FROM esdlock_bench_row WHERE id = ?", ("bench",))
 
-    @contextlib.contextmanager
-    def counting(self) -> Iterator[RequestCount]:
+    def counting(self) -> contextlib.AbstractContextManager[RequestCount]:
         """Count statements on the calling thread's lock connection (in-process calls, not network round trips)."""
-        count = RequestCount()
-
-        def counted(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
-            count.value += 1
-            return execute(sql, params, many, context)
-
-        with self.backend.connection.execute_wrapper(counted):
-            yield count
+        return statements_counted(self.backend)
 
     def fill(self, namespace: str, count: int, *, expired: bool) -> None:
         nodes = list(fill_nodes(namespace, count))

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...bench.common import format_facts, format_table
 from ...bench.suite import OTHER_STORES, STORES, Options, run
+from ..arguments import positive
 
 QUICK = {"seconds": 0.2, "wake_rounds": 5, "request_rounds": 3, "reap_count": 200, "admin_count": 1000}
 """``--quick``: enough of every figure to prove the command works (CI), too little to mean anything."""
@@ -21,17 +22,6 @@ def _depths(value: str) -> tuple[int, ...]:
     if not depths or depths[0] < 1 or depths[-1] > MAX_DEPTH:
         raise ValueError(value)
     return depths
-
-
-def _positive(kind: type) -> Any:
-    def parse(value: str) -> Any:
-        number = kind(value)
-        if not number > 0:
-            raise ValueError(value)
-        return number
-
-    parse.__name__ = kind.__name__
-    return parse
 
 
 class Command(BaseCommand):
@@ -51,15 +41,15 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--seconds",
-            type=_positive(float),
+            type=positive(float),
             help="Seconds each timed operation runs (default 3; 0.2 with --quick).",
         )
-        parser.add_argument("--workers", type=_positive(int), default=8, help="Contending processes (default 8).")
+        parser.add_argument("--workers", type=positive(int), default=8, help="Contending processes (default 8).")
         parser.add_argument(
             "--depth", type=_depths, default=(1, 4, 16), metavar="D,D,...", help="Tree depths (default 1,4,16)."
         )
         parser.add_argument(
-            "--tasks", type=_positive(int), default=100, help="Tasks of one process in the async figure (default 100)."
+            "--tasks", type=positive(int), default=100, help="Tasks of one process in the async figure (default 100)."
         )
         parser.add_argument("--quick", action="store_true", help="A few seconds in all, for CI; figures mean little.")
         parser.add_argument(

@@ -11,6 +11,7 @@ from ...checker.checker import DEFAULT_SLACK
 from ...checker.failover import DEFAULT_KILL
 from ...checker.faults import FAULTS
 from ...exceptions import LockError
+from ..arguments import positive
 
 
 def _faults(value: str) -> tuple[str, ...]:
@@ -22,17 +23,6 @@ def _faults(value: str) -> tuple[str, ...]:
     return faults
 
 
-def _positive(kind: type) -> Any:
-    def parse(value: str) -> Any:
-        number = kind(value)
-        if not number > 0:
-            raise ValueError(value)
-        return number
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
 class Command(BaseCommand):
     help = (
         "Run a randomized, fault-injecting lock workload of real processes against the lock store "
@@ -41,8 +31,8 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--processes", type=_positive(int), default=8, help="Worker processes (default 8).")
-        parser.add_argument("--seconds", type=_positive(float), default=60.0, help="Length of the run (default 60).")
+        parser.add_argument("--processes", type=positive(int), default=8, help="Worker processes (default 8).")
+        parser.add_argument("--seconds", type=positive(float), default=60.0, help="Length of the run (default 60).")
         parser.add_argument(
             "--faults",
             type=_faults,
@@ -67,7 +57,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--seed", type=int, help="Seed of the workload and the faults (default random).")
         parser.add_argument(
-            "--ttl", type=_positive(float), default=2.0, help="Lease of the workload's locks (default 2 s)."
+            "--ttl", type=positive(float), default=2.0, help="Lease of the workload's locks (default 2 s)."
         )
         parser.add_argument(
             "--slack",
