@@ -27,10 +27,12 @@ from .exceptions import LockStoreBusy
 from .locks import (
     _TRY,
     BaseLock,
+    _Look,
     _renewer,
     _Sleep,
     _validate_json,
     _validate_ttl,
+    aread_wait_state,
     document_targets,
     global_targets,
     tree_targets,
@@ -98,6 +100,8 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
                     outcome = await self._try(backend, request)
                 elif isinstance(step, _Sleep):
                     await asyncio.sleep(step.seconds)
+                elif isinstance(step, _Look):
+                    outcome = await aread_wait_state(backend, step.nodes)
                 else:
                     await backend.await_release(request, step.seconds, step.attempt)
                 step = steps.send(outcome)

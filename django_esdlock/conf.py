@@ -20,7 +20,10 @@ DATABASE_BACKEND = "django_esdlock.backends.database.DatabaseLockBackend"
 DEFAULT_TTL = 30.0
 DEFAULT_CONFIG: dict[str, Any] = {"BACKEND": DATABASE_BACKEND, "OPTIONS": {"using": "default"}, "TTL": DEFAULT_TTL}
 
-_ALLOWED_KEYS = frozenset({"BACKEND", "OPTIONS", "TTL"})
+DEFAULT_DEADLOCK_TIMEOUT = 1.0
+"""Seconds a waiting request waits before it looks for a deadlock (PostgreSQL's default ``deadlock_timeout``)."""
+
+_ALLOWED_KEYS = frozenset({"BACKEND", "OPTIONS", "TTL", "DEADLOCK_TIMEOUT"})
 _ES_SCHEMES = {"elasticsearch": "http", "es": "http", "elasticsearch+http": "http", "elasticsearch+https": "https"}
 _DB_SCHEMES = frozenset({"postgres", "postgresql", "pgsql", "psql", "postgis", "sqlite"})
 
@@ -37,6 +40,8 @@ def parse_url(url: str) -> dict[str, Any]:
     parts = urllib.parse.urlsplit(url)
     query = dict(urllib.parse.parse_qsl(parts.query))
     config: dict[str, Any] = {"TTL": query.pop("ttl", DEFAULT_TTL)}
+    if "deadlock_timeout" in query:
+        config["DEADLOCK_TIMEOUT"] = query.pop("deadlock_timeout")
     if parts.scheme in _ES_SCHEMES:
         if not parts.hostname:
             raise InvalidLockBackend(f"LOCK_BACKEND URL names no host: {url!r}")
@@ -55,22 +60,28 @@ def parse_url(url: str) -> dict[str, Any]:
         # ttl is ours; every other query parameter belongs to the database URL. (Cut the
         # query by hand: urlunsplit would turn sqlite:////abs/path into sqlite://abs/path.)
         base = url.split("?", 1)[0]
-        rest = urllib.parse.urlencode([(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "ttl"])
+        ours = ("ttl", "deadlock_timeout")
+        rest = urllib.parse.urlencode([(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k not in ours])
         config.update(BACKEND=DATABASE_BACKEND, OPTIONS={"url": f"{base}?{rest}" if rest else base})
     else:
         raise InvalidLockBackend(
             f"LOCK_BACKEND URL scheme {parts.scheme!r} is not one of "
             f"{sorted(_ES_SCHEMES) + sorted(_DB_SCHEMES)}: {url!r}"
         )
-    try:
-        config["TTL"] = float(config["TTL"])
-    except ValueError as e:
-        raise InvalidLockBackend(f"LOCK_BACKEND URL has a ttl that is not a number: {url!r}") from e
+    if str(config.get("DEADLOCK_TIMEOUT", "")).lower() in ("none", "off"):
+        config["DEADLOCK_TIMEOUT"] = None  # ?deadlock_timeout=off: never look
+    for key in ("TTL", "DEADLOCK_TIMEOUT"):
+        if config.get(key) is None:
+            continue
+        try:
+            config[key] = float(config[key])
+        except ValueError as e:
+            raise InvalidLockBackend(f"LOCK_BACKEND URL has a {key.lower()} that is not a number: {url!r}") from e
     return config
 
 
 def backend_config(value: Any = None) -> dict[str, Any]:
-    """Return the normalized ``{"BACKEND", "OPTIONS", "TTL"}`` of a setting value."""
+    """Return the normalized ``{"BACKEND", "OPTIONS", "TTL", "DEADLOCK_TIMEOUT"}`` of a setting value."""
     if value is None:
         value = getattr(settings, "LOCK_BACKEND", None) or DEFAULT_CONFIG
     if isinstance(value, str):
@@ -91,7 +102,15 @@ def backend_config(value: Any = None) -> dict[str, Any]:
         "BACKEND": value["BACKEND"],
         "OPTIONS": dict(options),
         "TTL": validate_ttl(value.get("TTL", DEFAULT_TTL), "LOCK_BACKEND['TTL']"),
+        "DEADLOCK_TIMEOUT": validate_deadlock_timeout(value.get("DEADLOCK_TIMEOUT", DEFAULT_DEADLOCK_TIMEOUT)),
     }
+
+
+def validate_deadlock_timeout(value: Any) -> float | None:
+    """Return ``value`` as seconds, or None (never look for deadlocks)."""
+    if value is None:
+        return None
+    return validate_ttl(value, "LOCK_BACKEND['DEADLOCK_TIMEOUT']")
 
 
 def load_backend(value: Any = None):
@@ -105,7 +124,9 @@ def load_backend(value: Any = None):
         raise InvalidLockBackend(f"Could not import lock backend {config['BACKEND']!r}: {e}") from e
     if not (isinstance(cls, type) and issubclass(cls, BaseLockBackend)):
         raise InvalidLockBackend(f"{config['BACKEND']!r} is not a subclass of BaseLockBackend")
-    return cls(ttl=config["TTL"], **config["OPTIONS"])
+    backend = cls(ttl=config["TTL"], **config["OPTIONS"])
+    backend.deadlock_timeout = config["DEADLOCK_TIMEOUT"]
+    return backend
 
 
 _backend = None

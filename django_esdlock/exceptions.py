@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ImproperlyConfigured
 
 
@@ -22,7 +24,16 @@ class LockLost(LockError):
 
 
 class LockDeadlock(LockError):
-    """The calling thread would wait for a lock that it holds itself."""
+    """Waiting would never end: the caller waits for itself, or for owners that wait for it.
+
+    ``cycle`` is the :class:`~django_esdlock.deadlock.Cycle` of owners whose
+    youngest request this was (None when the caller would wait for itself).
+    The request took nothing; the caller should release what it holds.
+    """
+
+    def __init__(self, message: str, *, cycle: Any = None) -> None:
+        super().__init__(message)
+        self.cycle = cycle
 
 
 class InvalidLockArgument(LockError, ValueError):

@@ -11,13 +11,22 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from typing import Any
 
 from . import signals
 from .backends.base import BaseLockBackend, backoff_delay
 from .conf import get_backend
-from .exceptions import InvalidLockArgument, LockDeadlock, LockLost, LockStoreBusy, LockTimeout, LockUnavailable
+from .deadlock import confirmed, find_cycle
+from .exceptions import (
+    InvalidLockArgument,
+    LockBackendUnavailable,
+    LockDeadlock,
+    LockLost,
+    LockStoreBusy,
+    LockTimeout,
+    LockUnavailable,
+)
 from .modes import Mode, compatible
 from .paths import ancestors, normalize_key, normalize_namespace, normalize_path
 from .records import Grant, Kind, LockRequest, Node, Owner, current_task
@@ -65,10 +74,20 @@ class _Wait:
     attempt: int
 
 
+@dataclasses.dataclass(frozen=True)
+class _Look:
+    """Read the waiting state of the store (of ``nodes`` only, when given) for deadlock detection."""
+
+    nodes: tuple[Node, ...] | None = None
+
+
 _TRY = object()
 """The waiting loop's step "send the request to the backend"."""
 
-_Step = Any  # _TRY, _Sleep or _Wait
+_UNSUPPORTED = object()
+"""The outcome of a _Look on a store that cannot list waiting requests."""
+
+_Step = Any  # _TRY, _Sleep, _Wait or _Look
 
 
 class BaseLock:
@@ -187,6 +206,8 @@ class BaseLock:
         """Try, wait and try again until granted or the timeout; return the grant and when its try began."""
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         attempt = busy_attempt = 0
+        deadlock_timeout = backend.deadlock_timeout
+        next_look: float | None = None
         while True:
             started = time.monotonic()
             outcome = yield _TRY
@@ -204,9 +225,35 @@ class BaseLock:
                 raise LockUnavailable(f"{self._describe()} is held in a conflicting mode")
             if remaining <= 0:
                 raise LockTimeout(f"{self._describe()} stayed unavailable for {self.timeout:g}s")
+            pause = min(remaining, backend.queued_poll_cap)
+            if deadlock_timeout is not None:
+                now = time.monotonic()
+                if next_look is None:
+                    next_look = now + deadlock_timeout
+                elif now >= next_look:
+                    if not (yield from self._look_for_deadlock(request)):
+                        deadlock_timeout = None  # the store cannot tell
+                    next_look = time.monotonic() + (deadlock_timeout or 0)
+                pause = min(pause, max(0.0, next_look - now))
             # A queued request polls often: everyone behind it waits for its turn.
-            yield _Wait(min(remaining, backend.queued_poll_cap), attempt)
+            yield _Wait(pause, attempt)
             attempt += 1
+
+    def _look_for_deadlock(self, request: LockRequest) -> Generator[_Step, Any, bool]:
+        """Raise LockDeadlock if ``request`` is the victim of a confirmed cycle; False: the store cannot tell."""
+        state = yield _Look()
+        if state is _UNSUPPORTED:
+            return False
+        if state is None:  # the store failed this time: look again later
+            return True
+        cycle = find_cycle(state, request.holder_id)
+        if cycle is None or cycle.victim.holder_id != request.holder_id:
+            return True  # no cycle, or another member gives up
+        again = yield _Look(cycle.nodes)
+        if again is None or again is _UNSUPPORTED or not confirmed(cycle, again):
+            return True
+        logger.warning("deadlock: %s gives up: %s", self._describe(), cycle.describe())
+        raise LockDeadlock(f"{self._describe()} is the youngest request of a deadlock: {cycle.describe()}", cycle=cycle)
 
     def _hold(self, grant: Grant, started: float) -> None:
         """Become the holder of ``grant``: renewed from now on, known to deadlock detection."""
@@ -327,6 +374,8 @@ class Lock(BaseLock, contextlib.ContextDecorator):
                 elif isinstance(step, _Sleep):
                     time.sleep(step.seconds)
                     outcome = None
+                elif isinstance(step, _Look):
+                    outcome = read_wait_state(backend, step.nodes)
                 else:
                     backend.wait(self.targets, step.seconds, step.attempt)
                     outcome = None
@@ -427,6 +476,28 @@ class Lock(BaseLock, contextlib.ContextDecorator):
         except Exception:
             # The block's own exception is the one to see; the lease ends the lock anyway.
             logger.warning("releasing %r after %s failed", self, exc_type.__name__, exc_info=True)
+
+
+def read_wait_state(backend: BaseLockBackend, nodes: Sequence[Node] | None) -> Any:
+    """Return the store's waiting state for a _Look: None if the store failed, _UNSUPPORTED if it cannot tell."""
+    try:
+        return backend.wait_state(nodes)
+    except NotImplementedError:
+        return _UNSUPPORTED
+    except LockBackendUnavailable as e:  # detection is best effort: waiting goes on
+        logger.info("cannot look for a deadlock now: %s", e)
+        return None
+
+
+async def aread_wait_state(backend: BaseLockBackend, nodes: Sequence[Node] | None) -> Any:
+    """Async :func:`read_wait_state`."""
+    try:
+        return await backend.await_state(nodes)
+    except NotImplementedError:
+        return _UNSUPPORTED
+    except LockBackendUnavailable as e:
+        logger.info("cannot look for a deadlock now: %s", e)
+        return None
 
 
 def _holder_context() -> object:

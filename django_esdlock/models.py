@@ -112,6 +112,9 @@ class LockWaiter(models.Model):
     channel = models.CharField(
         max_length=63, blank=True, default="", help_text="PostgreSQL: the channel its waiting session listens on"
     )
+    owner = models.JSONField(
+        null=True, blank=True, help_text="Who waits: the owner fields a holder records (the wait-for graph's edges)"
+    )
 
     class Meta:
         db_table = "esdlock_waiter"

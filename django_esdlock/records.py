@@ -50,6 +50,15 @@ class Node:
     def __str__(self) -> str:
         return f"{self.namespace}:{self.key}" if self.kind is Kind.TREE else f"{self.namespace}:{self.kind}:{self.key}"
 
+    @classmethod
+    def from_id(cls, node_id: str) -> Node | None:
+        """Return the node a store key names, or None for a digest (the key is not in it)."""
+        kind, _, rest = node_id.partition(":")
+        namespace, _, key = rest.partition(":")
+        if kind not in {k.value for k in Kind} or not key:
+            return None
+        return cls(namespace, Kind(kind), key)
+
 
 def process_start(pid: int | str = "self") -> str | None:
     """Return what tells this run of ``pid`` from a later process with the same pid.
@@ -203,6 +212,54 @@ class HolderRecord:
             "checkpoint": self.checkpoint,
             "recovery": self.recovery,
         }
+
+
+@dataclasses.dataclass(frozen=True)
+class WaiterRecord:
+    """One waiting marker: request ``holder_id`` of ``owner`` waits for ``mode`` on ``node``."""
+
+    node: Node
+    mode: Mode
+    holder_id: str
+    owner: Mapping[str, Any]
+    """The owner's fields as holders record them (``key`` among them); empty for a marker of an older release."""
+    ticket: int
+    """The request's queue position: when it started, in ns since the epoch (the waiting host's clock)."""
+    expires_at: datetime.datetime
+
+    @property
+    def owner_key(self) -> str:
+        return str(self.owner.get("key") or f"?{self.holder_id}")
+
+    @property
+    def since(self) -> datetime.datetime:
+        """When the request began to wait (from its ticket)."""
+        return datetime.datetime.fromtimestamp(self.ticket / 1e9, tz=datetime.timezone.utc)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "namespace": self.node.namespace,
+            "kind": self.node.kind.value,
+            "path": self.node.key,
+            "mode": self.mode.value,
+            "holder_id": self.holder_id,
+            "owner": dict(self.owner),
+            "since": self.since.isoformat(),
+            "expires_at": self.expires_at.isoformat(),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitState:
+    """What a wait-for graph is built from, read by the store's clock.
+
+    ``waiters``: live waiting markers. ``holders``: the holders that block
+    (live, or expired with an intent awaiting recovery) of the nodes those
+    markers are on.
+    """
+
+    waiters: tuple[WaiterRecord, ...]
+    holders: tuple[HolderRecord, ...]
 
 
 def main_record(records: Sequence[HolderRecord]) -> HolderRecord:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, TypeVar
 from django.core import checks
 
 from ..modes import Mode
-from ..records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner, main_record
+from ..records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner, WaitState, main_record
 
 T = TypeVar("T")
 
@@ -40,6 +40,14 @@ class BaseLockBackend(abc.ABC):
 
     marker_ttl: float = 3.0
     """Seconds a waiting marker lasts unless its request tries again (it must outlast a backoff step)."""
+
+    deadlock_timeout: float | None = 1.0
+    """Seconds a request waits before it looks for a deadlock, and between two looks (None: never looks).
+
+    Like PostgreSQL's ``deadlock_timeout``: detection reads the store, so it
+    runs only for requests that have waited this long. Set by
+    ``LOCK_BACKEND["DEADLOCK_TIMEOUT"]``.
+    """
 
     @property
     def marker_ttl_ms(self) -> int:
@@ -133,6 +141,15 @@ class BaseLockBackend(abc.ABC):
     def withdraw(self, request: LockRequest) -> None:
         """Remove the waiting markers ``request`` left (it gave up); markers also expire by themselves."""
 
+    def wait_state(self, nodes: Sequence[Node] | None = None) -> WaitState:
+        """Return the live waiting markers and the holders that block on their nodes, by the store's clock.
+
+        With ``nodes``, read those nodes alone, as they are now (no index
+        lag): a second read that confirms a cycle. Without, every live marker
+        in the store.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot list waiting requests")
+
     def holder_records(self, holder_id: str) -> list[HolderRecord]:
         """Return the records of one holder on every node it holds."""
         raise NotImplementedError(f"{type(self).__name__} cannot look a holder up by id")
@@ -219,6 +236,10 @@ class BaseLockBackend(abc.ABC):
             require_live=require_live,
         )
         return await asyncio.to_thread(call)
+
+    async def await_state(self, nodes: Sequence[Node] | None = None) -> WaitState:
+        """Async :meth:`wait_state`."""
+        return await asyncio.to_thread(self.wait_state, nodes)
 
     async def awithdraw(self, request: LockRequest) -> None:
         """Async :meth:`withdraw`."""

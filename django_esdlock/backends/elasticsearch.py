@@ -25,7 +25,18 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .. import modes, paths
 from ..exceptions import LockBackendUnavailable, LockStoreBusy
-from ..records import Grant, HolderPage, HolderRecord, Kind, LockRequest, Node, Owner, from_epoch_ms
+from ..records import (
+    Grant,
+    HolderPage,
+    HolderRecord,
+    Kind,
+    LockRequest,
+    Node,
+    Owner,
+    WaiterRecord,
+    WaitState,
+    from_epoch_ms,
+)
 from . import elasticsearch_scripts as scripts
 from .base import BaseLockBackend, backoff_delay, close_per_loop, renew_params, takeover_request
 
@@ -36,7 +47,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         "The Elasticsearch lock backend needs the 'elasticsearch' package: pip install 'django-esdlock[elasticsearch]'"
     ) from e
 
-MAPPING_VERSION = 1
+MAPPING_VERSION = 2
 
 logger = logging.getLogger("django_esdlock")
 
@@ -85,8 +96,13 @@ MAPPING: dict[str, Any] = {
         },
         # Markers of requests that waited (fair waiting); read by scripts only.
         "waiters": {"type": "object", "enabled": False},
+        # When the latest marker written here expires: finds the nodes with waiters (deadlock detection).
+        "waiting_until": {"type": "date", "format": "epoch_millis"},
     },
 }
+
+ADDED_SINCE_VERSION_1 = ("waiting_until",)
+"""Fields a lock index of mapping version 1 lacks; setup adds them (adding a field is allowed on a live index)."""
 
 # One primary shard: every write of a request lands on one shard, in order, and
 # its `_seq_no` (our fencing token) is one sequence for the whole lock index.
@@ -305,6 +321,25 @@ def _records(source: Mapping[str, Any], holders: Sequence[Mapping[str, Any]] | N
         )
         for h in (source.get("holders") or [] if holders is None else holders)
     ]
+
+
+def _wait_state(sources: Sequence[Mapping[str, Any]], now_ms: int) -> WaitState:
+    """The live markers of node documents and the holders that block there (live, or awaiting recovery)."""
+    waiters: list[WaiterRecord] = []
+    holders: list[HolderRecord] = []
+    for source in sources:
+        live = [w for w in source.get("waiters") or () if w.get("expires_at", 0) > now_ms and w.get("ticket")]
+        if not live:
+            continue
+        node = Node(source["namespace"], Kind(source["kind"]), source["key"])
+        for w in live:
+            expires_at = from_epoch_ms(w["expires_at"])
+            assert expires_at is not None
+            owner = w.get("owner") or {}
+            waiters.append(WaiterRecord(node, modes.Mode(w["mode"]), w["id"], owner, w["ticket"], expires_at))
+        blocking = [h for h in source.get("holders") or () if h["expires_at"] > now_ms or h.get("intent")]
+        holders.extend(_records(source, blocking))
+    return WaitState(tuple(waiters), tuple(holders))
 
 
 def _node_fields(node: Node) -> dict[str, Any]:
@@ -619,6 +654,10 @@ class ElasticsearchLockBackend(BaseLockBackend):
             self._active_shards = yield from self._active_shards_steps()
         for index in self.lock_indices:
             if (yield from self._call_steps("look up the lock index", _Api("indices.exists", {"index": index}))):
+                # An index of an older release gains the fields it lacks (a no-op when it has them).
+                added = {name: MAPPING["properties"][name] for name in ADDED_SINCE_VERSION_1}
+                upgrade = _Api("indices.put_mapping", {"index": index, "properties": added, "meta": MAPPING["_meta"]})
+                yield from self._call_steps("add the new fields to the lock index", upgrade)
                 continue
             body = {"index": index, "settings": self._index_settings(), "mappings": MAPPING}
             create = _Api("indices.create", {**body, "wait_for_active_shards": self._active_shards})
@@ -1065,6 +1104,53 @@ class ElasticsearchLockBackend(BaseLockBackend):
             records.extend(_records(hit["_source"], [h["_source"] for h in inner["hits"]["hits"]] if inner else None))
         next_cursor = _encode_cursor(hits[-1]["sort"]) if len(hits) == limit else None
         return HolderPage(records, next_cursor)
+
+    def wait_state(self, nodes: Sequence[Node] | None = None) -> WaitState:
+        return self._run(self._wait_state_steps(nodes))
+
+    async def await_state(self, nodes: Sequence[Node] | None = None) -> WaitState:
+        return await self._arun(self._wait_state_steps(nodes))
+
+    def _wait_state_steps(self, nodes: Sequence[Node] | None) -> Steps[WaitState]:
+        """Read nodes with live markers (a search after a refresh), or ``nodes`` as they are now (a realtime mget).
+
+        Liveness is judged against the clock of the node that answers a
+        ``_nodes/_local/stats`` read just before: a store clock, as the
+        listing's ``now``.
+        """
+        yield from self._ensure_index_steps()
+        stats = _Api("nodes.stats", {"node_id": "_local", "metric": "process", "filter_path": "nodes.*.timestamp"})
+        now_ms = next(iter((yield from self._call_steps("read the store's clock", stats))["nodes"].values()))[
+            "timestamp"
+        ]
+        sources: list[Mapping[str, Any]] = []
+        if nodes is None:
+            indices = ",".join(self.lock_indices)
+            refresh = _Api("indices.refresh", {"index": indices, "ignore_unavailable": True})
+            yield from self._call_steps("refresh the lock index", refresh)
+            body: dict[str, Any] = {
+                "query": {"range": {"waiting_until": {"gt": now_ms}}},
+                "sort": _SORT,
+                "size": self.page_size,
+                "_source": ["namespace", "kind", "key", "holders", "waiters"],
+                "track_total_hits": False,
+            }
+            while True:
+                search = _Api("search", {"index": indices, "ignore_unavailable": True, **body})
+                hits = (yield from self._call_steps("find waiting requests", search))["hits"]["hits"]
+                sources.extend(hit["_source"] for hit in hits)
+                if len(hits) < self.page_size:
+                    break
+                body["search_after"] = hits[-1]["sort"]
+        else:
+            by_index: dict[str, list[str]] = {}
+            for node in nodes:
+                by_index.setdefault(self.index_of(node.namespace), []).append(node.id)
+            for index, ids in sorted(by_index.items()):
+                mget = _Api("mget", {"index": index, "ids": sorted(set(ids)), "realtime": True})
+                docs = (yield from self._call_steps("read waiting requests", mget))["docs"]
+                sources.extend(doc["_source"] for doc in docs if doc.get("found"))
+        return _wait_state(sources, now_ms)
 
     def node_holders(self, node: Node) -> list[HolderRecord]:
         if not self._index_exists(node.namespace):

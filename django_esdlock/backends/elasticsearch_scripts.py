@@ -112,7 +112,10 @@ ACQUIRE = (
 // requester already holds this node: so a stream of newcomers cannot starve
 // a waiter, and waiters, ordered by ticket, cannot wait for each other. A
 // refused request whose marker here still has over half its lease left writes
-// nothing (a no-op): polling a busy node costs no write.
+// nothing (a no-op): polling a busy node costs no write. A marker names its
+// request's owner (the wait-for graph of deadlock detection), and
+// `waiting_until` lets a search find nodes with live markers: it is the
+// expiry of the latest marker written, so at least as late as any left.
 long now = ctx._now;
 List kept = new ArrayList();
 boolean refused = false;
@@ -167,9 +170,11 @@ if (reentered || (refused && params.ticket == null)) {
   marker.id = params.holder.id;
   marker.mode = params.holder.mode;
   marker.ticket = params.ticket;
+  marker.owner = params.holder.owner;
   marker.expires_at = now + params.marker_ttl_ms;
   waiters.add(marker);
   ctx._source.waiters = waiters;
+  ctx._source.waiting_until = marker.expires_at;
 """
     + _VIEWS
     + """

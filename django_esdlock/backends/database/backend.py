@@ -33,11 +33,11 @@ from django.db.utils import ConnectionDoesNotExist, ConnectionHandler, load_back
 
 from ...exceptions import LockBackendUnavailable
 from ...modes import Mode
-from ...records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner
+from ...records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner, WaitState
 from ..base import BaseLockBackend, backoff_delay, close_per_loop, takeover_request
 from . import listener
 from .aio import LoopSessions
-from .common import Dialect, decode_cursor, encode_cursor, json_text, record, takeover_params
+from .common import Dialect, decode_cursor, encode_cursor, json_text, record, takeover_params, waiter
 from .postgresql import SETUP_LOCK_KEY, PostgresDialect
 from .sqlite import SQLiteDialect
 
@@ -663,6 +663,14 @@ class DatabaseLockBackend(BaseLockBackend):
 
     def node_holders(self, node: Node) -> list[HolderRecord]:
         return self._records("read a lock node", ["node"], ["node_id"], {"node_id": node.id})
+
+    def wait_state(self, nodes: Sequence[Node] | None = None) -> WaitState:
+        ids = None if nodes is None else sorted({node.id for node in nodes})
+        markers, holders = self._run(
+            "read the waiting requests", lambda cursor: self.dialect.wait_state(cursor, ids), transaction=False
+        )
+        waiters = tuple(w for w in map(waiter, markers) if w is not None)
+        return WaitState(waiters, tuple(record(row) for row in holders))
 
     def holder_records(self, holder_id: str) -> list[HolderRecord]:
         return self._records("look a holder up", ["holder"], ["holder_id"], {"holder_id": holder_id})

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from ... import paths
 from ...modes import Mode
-from ...records import Grant, HolderRecord, Kind, LockRequest, Node, Owner, from_epoch_ms
+from ...records import Grant, HolderRecord, Kind, LockRequest, Node, Owner, WaiterRecord, from_epoch_ms
 
 Work = tuple[Any, bool]
 """What a unit of work on a cursor returns: its value, and whether to commit (inside a transaction)."""
@@ -120,6 +120,14 @@ class Dialect:
     def drop_expired_markers(self, cursor: Any) -> Work:
         raise NotImplementedError
 
+    def wait_state(self, cursor: Any, ids: list[str] | None) -> Work:
+        """Return ``((live marker rows, blocking holder rows), commit)``: of nodes ``ids``, or of every marker.
+
+        Marker rows are ``WAITER_COLUMNS``; holder rows ``RECORD_COLUMNS``, of
+        the holders (live, or awaiting recovery) on the markers' nodes.
+        """
+        raise NotImplementedError
+
     def drop_idle_nodes(self, cursor: Any, after: str, limit: int) -> Work:
         """Delete node rows that no grant holds, among the next ``limit`` after id ``after``.
 
@@ -169,6 +177,16 @@ def record(row: Sequence[Any]) -> HolderRecord:
         checkpoint=checkpoint,
         recovery=recovery,
     )
+
+
+def waiter(row: Sequence[Any]) -> WaiterRecord | None:
+    """A WaiterRecord from a row of a dialect's waiter columns; None for a marker whose node cannot be named."""
+    node_id, namespace, kind, key, holder_id, mode, ticket, expires_ms, owner = row
+    node = Node(namespace, Kind(kind), key) if namespace is not None else Node.from_id(node_id)
+    expires_at = from_epoch_ms(expires_ms)
+    if node is None or expires_at is None:
+        return None  # a digest id whose node row went: it blocks nobody by a holder
+    return WaiterRecord(node, Mode(mode), holder_id, _unjson(owner) or {}, int(ticket), expires_at)
 
 
 def node_row(node: Node) -> tuple[str, str, str, str, str, int]:

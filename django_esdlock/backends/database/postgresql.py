@@ -141,6 +141,15 @@ WHERE g.holder_id = %(holder_id)s::text
 RETURNING g.token, ARRAY(SELECT jsonb_object_keys(g.nodes))
 """
 
+    # Live waiting markers, of some nodes or all, with their nodes (a row may be gone: the id names it).
+    WAITERS = """
+SELECT w.node_id, n.namespace, n.kind, n.key, w.holder_id, w.mode, w.ticket,
+       (extract(epoch FROM w.expires_at) * 1000)::bigint, w.owner::text
+FROM esdlock_waiter w LEFT JOIN esdlock_node n ON n.id = w.node_id
+WHERE w.expires_at > statement_timestamp() AND (%(all)s::boolean OR w.node_id = ANY(%(ids)s::text[]))
+ORDER BY w.node_id COLLATE "C", w.ticket
+"""
+
     # What a HolderRecord is made of, from holder `h` and node `n`.
     RECORD_COLUMNS = """
 n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner::text, h.token,
@@ -170,6 +179,7 @@ h.intent::text, h.checkpoint::text, h.recovery::text
         "top_level": "n.kind = 'tree' AND n.depth = 1",
         "parent": "n.kind = 'tree' AND n.parent = %(parent)s::text",
         "node": "n.id = %(node_id)s::text",
+        "on_nodes": "n.id = ANY(%(ids)s::text[])",
         "holder": _NODES_OF_GRANTS.format("h.holder_id = %(holder_id)s::text"),
         "evictable": _NODES_OF_GRANTS.format(_EVICTABLE),
         "awaiting_recovery": _NODES_OF_GRANTS.format(_AWAITING),
@@ -179,6 +189,7 @@ h.intent::text, h.checkpoint::text, h.recovery::text
         "host": "h.owner->>'host' = %(host)s::text",
         "expired": "h.expires_at <= statement_timestamp()",
         "live": "h.expires_at > statement_timestamp()",
+        "blocking": "(h.expires_at > statement_timestamp() OR h.intent IS NOT NULL)",
         "holder_id": "h.holder_id = %(holder_id)s::text",
         "node_id": "h.node_id = %(node_id)s::text",
         "evictable": _EVICTABLE,
@@ -361,6 +372,16 @@ class PostgresDialect(Dialect):
     def drop_expired_markers(self, cursor: Any) -> tuple[None, bool]:
         cursor.execute(PostgresSQL.DROP_EXPIRED_MARKERS, {})
         return None, False
+
+    def wait_state(self, cursor: Any, ids: list[str] | None) -> tuple[tuple[list[Any], list[Any]], bool]:
+        cursor.execute(PostgresSQL.WAITERS, {"all": ids is None, "ids": ids or []})
+        markers = cursor.fetchall()
+        on = sorted({row[0] for row in markers})
+        query = PostgresSQL.RECORDS.replace("{nodes}", PostgresSQL.NODE_FILTERS["on_nodes"]).replace(
+            "{holders}", PostgresSQL.HOLDER_FILTERS["blocking"]
+        )
+        cursor.execute(query, {"ids": on})
+        return (markers, cursor.fetchall()), False
 
     def drop_idle_nodes(self, cursor: Any, after: str, limit: int) -> tuple[tuple[int, str], bool]:
         cursor.execute(PostgresSQL.LOCK_IDLE_NODES, {"after": after, "limit": limit})

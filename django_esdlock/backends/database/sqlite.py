@@ -94,8 +94,9 @@ SELECT node_id, holder_id, mode, ticket FROM esdlock_waiter WHERE node_id IN {_S
     # renews those past half their lease (%(renew_before)s); rowcount says
     # whether anything was written.
     WRITE_MARKERS = f"""
-INSERT INTO esdlock_waiter (node_id, holder_id, mode, ticket, expires_at, channel)
-SELECT json_extract(value, '$[0]'), %(holder_id)s, json_extract(value, '$[1]'), %(ticket)s, {_SQLITE_TIME}, ''
+INSERT INTO esdlock_waiter (node_id, holder_id, mode, ticket, expires_at, channel, owner)
+SELECT json_extract(value, '$[0]'), %(holder_id)s, json_extract(value, '$[1]'), %(ticket)s, {_SQLITE_TIME}, '',
+       %(owner)s
 FROM json_each(%(refused)s) WHERE true
 ON CONFLICT (node_id, holder_id) DO UPDATE
     SET mode = excluded.mode, ticket = excluded.ticket, expires_at = excluded.expires_at
@@ -108,6 +109,12 @@ DELETE FROM esdlock_waiter WHERE node_id IN {_SQLITE_IDS} AND (holder_id = %(hol
 """
     WITHDRAW = f"DELETE FROM esdlock_waiter WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s"
     DROP_EXPIRED_MARKERS = "DELETE FROM esdlock_waiter WHERE expires_at <= %(now)s"
+    WAITERS = f"""
+SELECT w.node_id, n.namespace, n.kind, n.key, w.holder_id, w.mode, w.ticket, {_sqlite_ms("w.expires_at")}, w.owner
+FROM esdlock_waiter w LEFT JOIN esdlock_node n ON n.id = w.node_id
+WHERE w.expires_at > %(now)s AND (%(all)s OR w.node_id IN {_SQLITE_IDS})
+ORDER BY w.node_id, w.ticket
+"""
     # Expired holders without an intent go; so does an earlier copy of this
     # holder (a retried request), which is written afresh below.
     EVICT_FOR_ACQUIRE = f"""
@@ -180,6 +187,7 @@ n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner, h.token,
         # Narrowing by what a holder filter asks, where the store has a faster way (see PostgreSQL).
         "node": "n.id = %(node_id)s",
         "holder": "n.id IN (SELECT node_id FROM esdlock_holder WHERE holder_id = %(holder_id)s)",
+        "on_nodes": f"n.id IN {_SQLITE_IDS}",
         "evictable": "1 = 1",
         "awaiting_recovery": "1 = 1",
     }
@@ -188,6 +196,7 @@ n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner, h.token,
         "host": "json_extract(h.owner, '$.host') = %(host)s",
         "expired": "h.expires_at <= %(now)s",
         "live": "h.expires_at > %(now)s",
+        "blocking": "(h.expires_at > %(now)s OR h.intent IS NOT NULL)",
         "holder_id": "h.holder_id = %(holder_id)s",
         "node_id": "h.node_id = %(node_id)s",
         "on_nodes": f"h.node_id IN {_SQLITE_IDS}",
@@ -315,6 +324,7 @@ class SQLiteDialect(Dialect):
                 "refused": json.dumps([[node.id, mode.value] for node, mode in decision.refused]),
                 "holder_id": request.holder_id,
                 "ticket": request.ticket,
+                "owner": json_text(request.owner.as_dict()),
                 "renew_before": _time(cursor, now, marker_ttl_ms // 2),
             }
             cursor.execute(SQLiteSQL.WRITE_MARKERS, {**marker, "now": now, "offset": _offset(marker_ttl_ms)})
@@ -403,3 +413,14 @@ class SQLiteDialect(Dialect):
     def drop_expired_markers(self, cursor: Any) -> tuple[None, bool]:
         cursor.execute(SQLiteSQL.DROP_EXPIRED_MARKERS, {"now": _now(cursor)})
         return None, True
+
+    def wait_state(self, cursor: Any, ids: list[str] | None) -> tuple[tuple[list[Any], list[Any]], bool]:
+        now = _now(cursor)  # one clock for both reads: they run in one transaction
+        cursor.execute(SQLiteSQL.WAITERS, {"all": ids is None, "ids": json.dumps(ids or []), "now": now})
+        markers = cursor.fetchall()
+        on = json.dumps(sorted({row[0] for row in markers}))
+        query = SQLiteSQL.RECORDS.replace("{nodes}", SQLiteSQL.NODE_FILTERS["on_nodes"]).replace(
+            "{holders}", SQLiteSQL.HOLDER_FILTERS["blocking"]
+        )
+        cursor.execute(query, {"ids": on, "now": now})
+        return (markers, cursor.fetchall()), False
