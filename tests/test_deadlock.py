@@ -1,0 +1,168 @@
+"""Deadlocks between processes, on every store: one victim per cycle, none without a cycle, nothing left held.
+
+Real processes take nested locks in step (tests/deadlock_workers.py). Each
+round, worker i holds resource i and may then ask for resource k: an edge
+i -> k of a graph where no resource is asked for twice (no queue between
+waiters), so its cycles are exactly the deadlocks the store must break.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+
+import pytest
+
+from django_esdlock import alock_tree
+from django_esdlock.exceptions import LockDeadlock
+
+from .deadlock_workers import nested_rounds
+from .peer import SPAWN
+from .procs import spawned
+
+WORKERS = 4
+DEADLOCK_TIMEOUT = 0.5
+HOLD = 3 * DEADLOCK_TIMEOUT
+"""How long a holder that waits for nothing holds: waiters behind it look for a cycle more than once."""
+
+SLACK = 5.0
+"""Seconds past the deadlock timeout a victim may take on a loaded machine ("a few polls"); generous on purpose."""
+
+NAMESPACE = "deadlock"
+
+
+@pytest.fixture
+def lock_config(store_config):
+    return {**store_config, "DEADLOCK_TIMEOUT": DEADLOCK_TIMEOUT}
+
+
+def resource(style: str, i: int, *, inner: bool) -> dict:
+    """Worker i's resource as an outer lock, or as asked for by another worker (``inner``).
+
+    ``ancestor``: held ``/r<i>/w`` (IX on /r<i>), asked ``/r<i>``; ``descendant``:
+    held ``/r<i>``, asked ``/r<i>/z``; ``docs``: the document ``d<i>``.
+    """
+    if style == "docs":
+        return {"docs": [f"d{i}"], "namespace": NAMESPACE}
+    held, asked = (f"/r{i}/w", f"/r{i}") if style == "ancestor" else (f"/r{i}", f"/r{i}/z")
+    return {"tree": asked if inner else held, "namespace": NAMESPACE}
+
+
+def round_plans(style: str, targets: list[int | None], active: set[int]) -> list[dict]:
+    """One round's plan per worker: active workers hold their resource and ask for their target's."""
+    plans = []
+    for i, target in enumerate(targets):
+        plans.append(
+            {
+                "outer": resource(style, i, inner=False) if i in active else None,
+                "inner": None if target is None else resource(style, target, inner=True),
+                "hold": HOLD,
+            }
+        )
+    return plans
+
+
+def graph_cycles(targets: list[int | None]) -> list[frozenset[int]]:
+    """The cycles of the wait-for graph i -> targets[i]."""
+    found = set()
+    for start in range(len(targets)):
+        path, i = [], start
+        while i is not None and i not in path:
+            path.append(i)
+            i = targets[i]
+        if i is not None and i == start:
+            found.add(frozenset(path))
+    return sorted(found, key=sorted)
+
+
+def random_targets(rng: random.Random) -> list[int | None]:
+    """Each worker asks for another's resource (most do) or holds; no resource is asked for twice."""
+    free = list(range(WORKERS))
+    targets: list[int | None] = []
+    for i in range(WORKERS):
+        choices = [k for k in free if k != i]
+        if choices and rng.random() < 0.8:
+            k = rng.choice(choices)
+            free.remove(k)
+            targets.append(k)
+        else:
+            targets.append(None)
+    return targets
+
+
+def scenario(seed: int, rounds: int) -> list[tuple[str, list[int | None], set[int]]]:
+    """The fixed rounds, then ``rounds`` random ones: (style, targets, active workers)."""
+    everyone = set(range(WORKERS))
+    fixed = [
+        ("ancestor", [1, 0, None, None], {0, 1}),  # two processes, through ancestors' intents
+        ("docs", [1, 2, 0, None], {0, 1, 2}),  # three processes, document locks
+        ("descendant", [None, 0, 1, 2], everyone),  # a chain of three waiters: no cycle
+        ("descendant", [1, 0, 3, 2], everyone),  # two cycles at once
+    ]
+    rng = random.Random(seed)
+    styles = ["ancestor", "descendant", "docs"]
+    return fixed + [(rng.choice(styles), random_targets(rng), everyone) for _ in range(rounds)]
+
+
+def test_cycles_have_one_victim_each_chains_none_and_nothing_is_left_held(lock_config, backend):
+    backend.setup()  # before the workers: N processes creating the tables or index on first use would race
+    seed = random.SystemRandom().randrange(2**31)
+    rounds = scenario(seed, rounds=8)
+    per_worker = [[round_plans(*r)[i] for r in rounds] for i in range(WORKERS)]
+    barrier = SPAWN.Barrier(WORKERS)
+    with spawned(nested_rounds, [(lock_config, plans, barrier) for plans in per_worker]) as workers:
+        outcomes = workers.results(timeout=60 + len(rounds) * 20)
+
+    latencies = []
+    for number, (style, targets, _) in enumerate(rounds):
+        seen = [outcomes[i][number] for i in range(WORKERS)]
+        where = f"round {number} ({style}, targets {targets}, seed {seed}): {[o['outcome'] for o in seen]}"
+        cycles = graph_cycles(targets)
+        victims = {i for i, o in enumerate(seen) if o["outcome"] == "victim"}
+        in_cycles = set().union(*cycles) if cycles else set()
+        assert victims <= in_cycles, f"a victim outside every cycle in {where}"
+        for cycle in cycles:
+            [victim] = victims & cycle or [None]
+            assert victim is not None and len(victims & cycle) == 1, f"not one victim in cycle {set(cycle)}: {where}"
+            assert seen[victim]["cycle"] == len(cycle), f"{seen[victim]['message']} ({where})"
+            formed = max(seen[i]["started"] for i in cycle)
+            latencies.append(seen[victim]["ended"] - formed)
+        for i, o in enumerate(seen):
+            if i not in victims:
+                expected = (
+                    "granted"
+                    if targets[i] is not None
+                    else "held"
+                    if round_plans(*rounds[number])[i]["outer"]
+                    else "idle"
+                )
+                assert o["outcome"] == expected, where
+    assert latencies and max(latencies) < DEADLOCK_TIMEOUT + SLACK, latencies
+    print(
+        f"deadlock latency over {len(latencies)} cycles (timeout {DEADLOCK_TIMEOUT}s): "
+        f"p50 {statistics.median(latencies):.3f}s, max {max(latencies):.3f}s"
+    )
+    assert backend.holders().holders == []
+    assert backend.wait_state().waiters == ()
+
+
+def test_async_tasks_in_a_cycle_one_gives_up(backend):
+    backend.deadlock_timeout = DEADLOCK_TIMEOUT
+
+    async def task(mine: str, theirs: str, both_hold: asyncio.Barrier) -> str:
+        async with alock_tree(mine, namespace=NAMESPACE, backend=backend):
+            await asyncio.wait_for(both_hold.wait(), 30)
+            try:
+                async with alock_tree(theirs, namespace=NAMESPACE, backend=backend, timeout=30):
+                    return "granted"
+            except LockDeadlock as e:
+                assert e.cycle is not None and len(e.cycle.requests) == 2
+                return "victim"
+
+    async def main() -> list[str]:
+        both_hold = asyncio.Barrier(2)
+        return await asyncio.gather(task("/a/x", "/b", both_hold), task("/b/y", "/a", both_hold))
+
+    assert sorted(asyncio.run(main())) == ["granted", "victim"]
+    assert backend.holders().holders == []
