@@ -47,6 +47,9 @@ def test_database_urls_name_the_database_backend():
         ("redis://127.0.0.1:6379", "scheme"),
         ("elasticsearch:///locks", "no host"),
         ("elasticsearch://h:9200/locks?ttl=soon", "not a number"),
+        ({**ES, "DEADLOCK_TIMEOUT": 0}, "DEADLOCK_TIMEOUT.*positive"),
+        ({**ES, "DEADLOCK_TIMEOUT": "1"}, "DEADLOCK_TIMEOUT.*positive"),
+        ("sqlite:////tmp/x.sqlite3?deadlock_timeout=soon", "not a number"),
         (42, "dict or a URL"),
     ],
 )
@@ -54,6 +57,16 @@ def test_bad_settings_are_typed_errors(value, message):
     with pytest.raises(InvalidLockBackend, match=message) as info:
         load_backend(value)
     assert isinstance(info.value, ImproperlyConfigured)
+
+
+def test_deadlock_timeout_defaults_to_one_second_and_can_be_set_or_turned_off():
+    assert load_backend(ES).deadlock_timeout == 1.0
+    assert load_backend({**ES, "DEADLOCK_TIMEOUT": 0.25}).deadlock_timeout == 0.25
+    assert load_backend({**ES, "DEADLOCK_TIMEOUT": None}).deadlock_timeout is None
+    assert load_backend("elasticsearch://h:9200/locks?deadlock_timeout=2.5").deadlock_timeout == 2.5
+    assert load_backend("elasticsearch://h:9200/locks?deadlock_timeout=off").deadlock_timeout is None
+    sqlite = parse_url("sqlite:////tmp/x.sqlite3?deadlock_timeout=3&timeout=9")
+    assert sqlite["DEADLOCK_TIMEOUT"] == 3.0 and sqlite["OPTIONS"] == {"url": "sqlite:////tmp/x.sqlite3?timeout=9"}
 
 
 def test_unknown_backend_option_is_named():

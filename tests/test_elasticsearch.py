@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from django_esdlock.backends.elasticsearch import MAPPING, ElasticsearchLockBackend
+from django_esdlock.backends.elasticsearch import MAPPING, PROPERTIES_OF_VERSION_1, ElasticsearchLockBackend
 from django_esdlock.conf import load_backend
 
 from .contract import LockBackendContract
@@ -36,6 +36,22 @@ def test_index_has_one_shard_and_the_strict_mapping(lock_config):
     assert mapping["properties"] == MAPPING["properties"]
     settings = backend.client.indices.get_settings(index=index)[index]["settings"]["index"]
     assert settings["number_of_shards"] == "1"
+    assert backend.check() == []
+
+
+def test_an_index_of_the_first_mapping_is_flagged_then_gains_the_new_fields_at_first_use(lock_config):
+    backend = load_backend(lock_config)
+    index = lock_config["OPTIONS"]["index"]
+    old = {
+        "dynamic": "strict",
+        "_meta": {"django_esdlock": {"mapping_version": 1}},
+        "properties": PROPERTIES_OF_VERSION_1,
+    }
+    backend.client.indices.create(index=index, settings={"number_of_shards": 1}, mappings=old)
+    assert [m.id for m in backend.check()] == ["django_esdlock.W006"]
+    backend.setup()
+    mapping = backend.client.indices.get_mapping(index=index)[index]["mappings"]
+    assert mapping["properties"] == MAPPING["properties"] and mapping["_meta"] == MAPPING["_meta"]
     assert backend.check() == []
 
 

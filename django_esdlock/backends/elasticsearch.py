@@ -103,6 +103,7 @@ MAPPING: dict[str, Any] = {
 
 ADDED_SINCE_VERSION_1 = ("waiting_until",)
 """Fields a lock index of mapping version 1 lacks; setup adds them (adding a field is allowed on a live index)."""
+PROPERTIES_OF_VERSION_1 = {k: v for k, v in MAPPING["properties"].items() if k not in ADDED_SINCE_VERSION_1}
 
 # One primary shard: every write of a request lands on one shard, in order, and
 # its `_seq_no` (our fencing token) is one sequence for the whole lock index.
@@ -1361,7 +1362,17 @@ class ElasticsearchLockBackend(BaseLockBackend):
         errors = []
         for index, (mapping, settings) in found.items():
             actual = next(iter(mapping.values()))["mappings"]
-            if actual.get("dynamic") not in ("strict", False) or actual.get("properties") != MAPPING["properties"]:
+            properties = actual.get("properties")
+            if properties == PROPERTIES_OF_VERSION_1 and actual.get("dynamic") == "strict":
+                errors.append(
+                    checks.Warning(
+                        f"Elasticsearch index {index!r} has the lock mapping of an earlier release.",
+                        hint=f"The backend adds {', '.join(ADDED_SINCE_VERSION_1)} at its first use; until then "
+                        "processes of this release cannot leave waiting markers there.",
+                        id="django_esdlock.W006",
+                    )
+                )
+            elif actual.get("dynamic") not in ("strict", False) or properties != MAPPING["properties"]:
                 errors.append(
                     checks.Error(
                         f"Elasticsearch index {index!r} has a mapping that is not django-esdlock's lock mapping.",
