@@ -22,7 +22,7 @@ SHORT = {"seconds": 5.0, "processes": 3, "ttl": 1.0}
 
 @pytest.mark.slow  # multi-process, like the stress tests: ./runtests runs it on every store, tox leaves it out
 def test_every_store_keeps_its_claims_under_faults(lock_check, store_config):
-    result = lock_check(store_config, seed=11, **SHORT)
+    result = lock_check({**store_config, "DEADLOCK_TIMEOUT": 0.3}, seed=11, **SHORT)  # nested holds: cycles too
     assert result.ok, result.report()
     summary = result.summary
     assert summary["grants"] > 10 and summary["faults"]["pause"] >= 1 and summary["faults"]["kill"] >= 1
@@ -112,6 +112,17 @@ def test_sequential_grants_with_growing_tokens_pass_and_shrinking_ones_fail():
     assert check_history(sorted(good, key=lambda e: e["t"])) == []
     bad = _op("p1-0", "p1", 0.0, 0.1, 1.0, 6) + _op("p2-0", "p2", 0.2, 1.1, 1.5, 5)
     assert {v.check for v in check_history(sorted(bad, key=lambda e: e["t"]))} == {"b"}
+
+
+def test_a_deadlock_victim_must_have_held_something():
+    held = _op("p1-0", "p1", 0.0, 0.1, 1.0, 5)
+    nested = {"t": 0.2, "process": "p1", "type": "invoke", "op": "p1-1", "nodes": [["ns", "tree", "/b", "X"]]}
+    victim = {"t": 0.8, "process": "p1", "type": "fail", "op": "p1-1", "outcome": "deadlock", "error": "cycle"}
+    events = sorted([*held, {**nested, "timeout": 5.0, "outer": "p1-0"}, victim], key=lambda e: e["t"])
+    assert check_history(events) == []
+    alone = sorted([{**nested, "timeout": 5.0}, victim], key=lambda e: e["t"])
+    [violation] = check_history(alone)
+    assert violation.check == "c" and "held nothing" in violation.message
 
 
 def test_a_lost_holders_late_write_with_a_stale_token_passes_fencing_and_a_new_one_fails():

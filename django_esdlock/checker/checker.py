@@ -7,10 +7,12 @@
     than every conflicting holder granted before it.
 (b) Fencing tokens strictly increase in grant order per namespace: a grant
     whose acquire returned before another was asked for has the smaller token.
-(c) Every request ends, as granted, LockTimeout, LockUnavailable or
-    LockBackendUnavailable, within its timeout plus a stated slack (plus the
-    time its own process was paused). Requests of killed processes are
-    indeterminate, as Jepsen counts them.
+(c) Every request ends, as granted, LockTimeout, LockUnavailable,
+    LockBackendUnavailable or LockDeadlock, within its timeout plus a stated
+    slack (plus the time its own process was paused); LockDeadlock only for a
+    request nested in a hold of its owner (one that holds nothing is in no
+    cycle). Requests of killed processes are indeterminate, as Jepsen counts
+    them.
 (d) After the run and a reap, nothing of the workload is left held.
 (e) No intent is lost: a holder killed mid-change is recovered by the reaper,
     which sees its latest checkpoint.
@@ -252,6 +254,10 @@ def check_endings(ops: dict[str, Operation], faults: Faults, slack: float) -> li
                 Violation("c", f"{op.op} ended with {outcome}: {op.done.get('error')}", _slice(op.invoke, op.done))
             )
             continue
+        if outcome == "deadlock" and not op.invoke.get("outer"):
+            violations.append(
+                Violation("c", f"{op.op} got LockDeadlock while its owner held nothing", _slice(op.invoke, op.done))
+            )
         took = op.done["t"] - start
         allowed = (op.invoke["timeout"] or 0.0) + slack + faults.paused_within(op.process, start, op.done["t"])
         if took > allowed:
@@ -368,6 +374,9 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         "late_writes": sum(not w.get("valid") for op in workload for w in op.writes),
         "locks_lost": len(lost),
         "intents": sum(op.granted and op.has_intent for op in workload),
+        "deadlock_cycles": sum(
+            e["type"] == "fail" and e.get("outcome") == "deadlock" and bool(e.get("cycle")) for e in events
+        ),
         "recovered": sum(e["type"] == "recovered" for e in events),
         "reaper_passes_failed": sum(e["type"] == "reap_failed" for e in events),
         "faults": faults,

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-OUTCOMES = ("granted", "timeout", "unavailable", "store_unavailable")
+OUTCOMES = ("granted", "timeout", "unavailable", "store_unavailable", "deadlock")
 """How a request may end (issue (c)); anything else is a violation."""
 
 

@@ -34,7 +34,7 @@ def summary_table(result: CheckResult) -> str:
         ),
         ("operations", str(s["operations"])),
         ("  granted", str(s["grants"])),
-        *((f"  {name}", str(n)) for name, n in outcomes.items() if name != "granted"),
+        *((f"  {name}", _outcome(name, n, s)) for name, n in outcomes.items() if name != "granted"),
         ("writes under locks", f"{s['writes']} ({s['late_writes']} late writes after a loss, fenced off)"),
         (
             "intents",
@@ -55,6 +55,13 @@ def summary_table(result: CheckResult) -> str:
     rows = [row for row in rows if row is not None]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def _outcome(name: str, count: int, s: dict[str, Any]) -> str:
+    if name != "deadlock":
+        return str(count)
+    cycles = s.get("deadlock_cycles", 0)
+    return f"{count} ({cycles} victims of a cycle between owners, {count - cycles} would have waited for themselves)"
 
 
 def _nodes_killed(s: dict[str, Any]) -> str:

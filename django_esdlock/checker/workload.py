@@ -68,12 +68,16 @@ class Workload:
     ASYNC_SHARE = 0.25
     """Share of requests made through the async API (``alock_tree`` ...) on the worker's event loop."""
 
-    def random_lock(self) -> tuple[str, str, Any, bool]:
-        """Return (kind, api, lock, has intent) of a random request."""
+    NESTED_SHARE = 0.3
+    """Share of holds that take a second lock inside the first (the nested ``with`` blocks deadlocks come from)."""
+
+    def random_lock(self, api: str | None = None) -> tuple[str, str, Any, bool]:
+        """Return (kind, api, lock, has intent) of a random request (through ``api`` if given)."""
         from .. import aio, locks
 
         spec, rng = self.spec, self.rng
-        api = "async" if rng.random() < self.ASYNC_SHARE else "sync"
+        if api is None:
+            api = "async" if rng.random() < self.ASYNC_SHARE else "sync"
         module: Any = aio if api == "async" else locks
         prefix = "a" if api == "async" else ""
         common = {"timeout": 0.0 if rng.random() < 0.2 else round(rng.uniform(0.05, spec.max_timeout), 3)}
@@ -115,11 +119,11 @@ class Workload:
         self.count += 1
         steps = self._steps(op_id, kind, api, lock, has_intent, set_holding, bump)
         if api == "sync":
-            _drive(steps, lambda step: _blocking_step(lock, step))
+            _drive(steps, _blocking_step)
         else:
             if self.loop is None:
                 self.loop = asyncio.new_event_loop()
-            self.loop.run_until_complete(_adrive(steps, lambda step: _async_step(lock, step)))
+            self.loop.run_until_complete(_adrive(steps, _async_step))
 
     def close(self) -> None:
         if self.loop is not None:
@@ -136,16 +140,29 @@ class Workload:
         has_intent: bool,
         set_holding: Callable[[int], None],
         bump: Callable[[int], None],
+        outer: str | None = None,
     ) -> Generator[tuple[Any, ...], Any, None]:
-        from ..exceptions import LockBackendUnavailable, LockError, LockLost, LockTimeout, LockUnavailable
+        """The steps of one request and its hold; ``outer``: the op id of the hold it is nested in."""
+        from ..exceptions import (
+            LockBackendUnavailable,
+            LockDeadlock,
+            LockError,
+            LockLost,
+            LockTimeout,
+            LockUnavailable,
+        )
 
         hold = round(self.rng.uniform(0.0, self.spec.max_hold), 3)
         record = self.history.record
         nodes = node_list(lock.targets)
-        record("invoke", op=op_id, kind=kind, api=api, nodes=nodes, timeout=lock.timeout, hold=hold, intent=lock.intent)
+        invoke = {"kind": kind, "api": api, "nodes": nodes, "timeout": lock.timeout, "hold": hold}
+        record("invoke", op=op_id, **invoke, intent=lock.intent, **({"outer": outer} if outer else {}))
         bump(0)
         try:
-            yield ("acquire",)
+            yield ("acquire", lock)
+        except LockDeadlock as e:  # cycle: how many owners waited for each other (0: for itself)
+            record("fail", op=op_id, outcome="deadlock", error=str(e), cycle=len(e.cycle.requests) if e.cycle else 0)
+            return
         except LockTimeout as e:
             record("fail", op=op_id, outcome="timeout", error=str(e))
             return
@@ -154,7 +171,11 @@ class Workload:
             return
         except LockBackendUnavailable as e:
             record("fail", op=op_id, outcome="store_unavailable", error=str(e))
-            yield ("sleep", self.rng.uniform(0.05, 0.2))  # as an app would, rather than hammer a store that is down
+            yield (
+                "sleep",
+                None,
+                self.rng.uniform(0.05, 0.2),
+            )  # as an app would, rather than hammer a store that is down
             return
         except Exception:  # noqa: BLE001 - an unexpected end is what check (c) reports
             record("fail", op=op_id, outcome="error", error=traceback.format_exc())
@@ -164,6 +185,8 @@ class Workload:
         bump(1)
         set_holding(2 if has_intent else 1)
         try:
+            if outer is None and self.rng.random() < self.NESTED_SHARE:
+                yield from self._nested(op_id, api, lock, bump)
             yield from self._hold(op_id, lock, hold, has_intent)
         finally:
             t = time.monotonic()
@@ -174,7 +197,7 @@ class Workload:
             set_holding(0)
             outcome, error = "ok", None
             try:
-                yield ("release",)
+                yield ("release", lock)
             except LockLost as e:
                 outcome, error = "lost", str(e)
                 record("lost", op=op_id, how="LockLost at release")
@@ -214,7 +237,7 @@ class Workload:
                 # call is in flight may have had it stored all the same.
                 record("checkpoint", op=op_id, data={"step": step}, outcome="invoked")
                 try:
-                    yield ("checkpoint", {"step": step})
+                    yield ("checkpoint", lock, {"step": step})
                 except LockLost:
                     record("checkpoint", op=op_id, data={"step": step}, outcome="lost")
                     record("lost", op=op_id, how="LockLost at checkpoint")
@@ -223,23 +246,41 @@ class Workload:
                     record("checkpoint", op=op_id, data={"step": step}, outcome="store_unavailable", error=str(e))
                 else:
                     record("checkpoint", op=op_id, data={"step": step}, outcome="ok")
-            yield ("sleep", min(self.rng.uniform(0.01, 0.04), max(0.0, end - time.monotonic())))
+            yield ("sleep", None, min(self.rng.uniform(0.01, 0.04), max(0.0, end - time.monotonic())))
+
+    def _nested(
+        self, outer: str, api: str, held: Any, bump: Callable[[int], None]
+    ) -> Generator[tuple[Any, ...], Any, None]:
+        """Take a second random lock inside the hold of ``held`` (same API), hold it, let it go.
+
+        Document ids the holder has already are left out: taking them again
+        is the chapter's no-op, not a grant the checker could judge. A second
+        lock that conflicts with the first ends in LockDeadlock at once; two
+        holders waiting for each other, in a cycle the store's detection
+        breaks (one of them ends in LockDeadlock).
+        """
+        kind, _, lock, has_intent = self.random_lock(api)
+        held_ids = {key for namespace, k, key, _ in node_list(held.targets) if k == "doc"}
+        if kind == "documents" and held_ids & {key for _, _, key, _ in node_list(lock.targets)}:
+            return
+        op_id = f"{self.process}-{self.count}"
+        self.count += 1
+        yield from self._steps(op_id, kind, api, lock, has_intent, lambda value: None, bump, outer=outer)
 
 
-def _blocking_step(lock: Any, step: tuple[Any, ...]) -> Any:
-    if step[0] == "sleep":
-        return time.sleep(step[1])
-    if step[0] == "checkpoint":
-        return lock.checkpoint(step[1])
-    return getattr(lock, step[0])()  # acquire, release
+def _blocking_step(step: tuple[Any, ...]) -> Any:
+    """Do one step ``(what, lock, argument...)``: acquire, release, checkpoint or sleep (no lock)."""
+    what, lock, *args = step
+    if what == "sleep":
+        return time.sleep(*args)
+    return getattr(lock, what)(*args)
 
 
-async def _async_step(lock: Any, step: tuple[Any, ...]) -> Any:
-    if step[0] == "sleep":
-        return await asyncio.sleep(step[1])
-    if step[0] == "checkpoint":
-        return await lock.checkpoint(step[1])
-    return await getattr(lock, step[0])()
+async def _async_step(step: tuple[Any, ...]) -> Any:
+    what, lock, *args = step
+    if what == "sleep":
+        return await asyncio.sleep(*args)
+    return await getattr(lock, what)(*args)
 
 
 def _drive(steps: Generator[tuple[Any, ...], Any, None], do: Callable[[tuple[Any, ...]], Any]) -> None:
