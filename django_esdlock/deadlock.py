@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from .modes import Mode, compatible
@@ -225,14 +225,3 @@ def confirmed(cycle: Cycle, state: WaitState) -> bool:
     """Return True if every edge of ``cycle`` stands in ``state`` (a later read), with the same members."""
     standing = {edge.key for edge in wait_edges(state)}
     return all(edge.key in standing for edge in cycle.edges)
-
-
-def nodes_of(waiters: Iterable[WaiterRecord]) -> list[Node]:
-    """The distinct nodes some marker is on, in a stable order."""
-    return sorted({w.node for w in waiters})
-
-
-def blocking(holders: Sequence[HolderRecord], waiters: Sequence[WaiterRecord]) -> tuple[HolderRecord, ...]:
-    """Keep the holders on the nodes of ``waiters`` (what a backend reads them for)."""
-    wanted = {w.node for w in waiters}
-    return tuple(h for h in holders if h.node in wanted)

@@ -227,14 +227,15 @@ class BaseLock:
                 raise LockTimeout(f"{self._describe()} stayed unavailable for {self.timeout:g}s")
             pause = min(remaining, backend.queued_poll_cap)
             if deadlock_timeout is not None:
-                now = time.monotonic()
+                # Look for a cycle once this request has waited deadlock_timeout, and each period after.
                 if next_look is None:
-                    next_look = now + deadlock_timeout
-                elif now >= next_look:
+                    next_look = time.monotonic() + deadlock_timeout
+                elif time.monotonic() >= next_look:
                     if not (yield from self._look_for_deadlock(request)):
-                        deadlock_timeout = None  # the store cannot tell
-                    next_look = time.monotonic() + (deadlock_timeout or 0)
-                pause = min(pause, max(0.0, next_look - now))
+                        deadlock_timeout = None  # the store cannot tell: wait as before
+                        continue
+                    next_look = time.monotonic() + deadlock_timeout
+                pause = min(pause, max(0.0, next_look - time.monotonic()))
             # A queued request polls often: everyone behind it waits for its turn.
             yield _Wait(pause, attempt)
             attempt += 1

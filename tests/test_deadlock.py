@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
+import threading
 
 import pytest
 
-from django_esdlock import alock_tree
-from django_esdlock.exceptions import LockDeadlock
+from django_esdlock import alock_tree, lock_tree
+from django_esdlock.backends.database import DatabaseLockBackend
+from django_esdlock.exceptions import LockDeadlock, LockTimeout
 
+from .dbstores import sqlite_store
 from .deadlock_workers import nested_rounds
 from .peer import SPAWN
 from .procs import spawned
@@ -166,3 +169,34 @@ def test_async_tasks_in_a_cycle_one_gives_up(backend):
 
     assert sorted(asyncio.run(main())) == ["granted", "victim"]
     assert backend.holders().holders == []
+
+
+def test_a_store_that_cannot_list_waiters_is_asked_once_and_waiting_goes_on(django_db_blocker):
+    class Blind(DatabaseLockBackend):
+        looks = 0
+
+        def wait_state(self, nodes=None):
+            Blind.looks += 1
+            return super(DatabaseLockBackend, self).wait_state(nodes)  # the base class: NotImplementedError
+
+    with django_db_blocker.unblock(), sqlite_store() as config:
+        backend = Blind(**config["OPTIONS"])
+        backend.deadlock_timeout = 0.1
+        with lock_tree("/a", backend=backend):
+            waiting = threading.Thread(
+                target=lambda: outcome.append(_try(lock_tree("/a/b", backend=backend, timeout=1)))
+            )
+            outcome: list = []
+            waiting.start()
+            waiting.join(30)
+        assert outcome == [LockTimeout] and Blind.looks == 1
+        backend.close()
+
+
+def _try(lock) -> type | None:
+    try:
+        lock.acquire()
+    except Exception as e:  # noqa: BLE001 - the type is the answer
+        return type(e)
+    lock.release()
+    return None
