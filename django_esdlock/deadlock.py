@@ -53,9 +53,7 @@ class WaitEdge:
         return {
             "waiter": self.waiter,
             "waiter_owner": self.waiter_owner,
-            "namespace": self.node.namespace,
-            "kind": self.node.kind.value,
-            "path": self.node.key,
+            **self.node.as_dict(),
             "mode": self.mode.value,
             "blocker": self.blocker,
             "blocker_owner": self.blocker_owner,
@@ -80,10 +78,6 @@ class WaitingRequest:
         return f"request {self.holder_id[:12]} of {who}"
 
 
-def _owner_key(holder: HolderRecord) -> str:
-    return str(holder.owner.get("key") or f"?{holder.holder_id}")
-
-
 def wait_edges(state: WaitState) -> list[WaitEdge]:
     """Return every edge of the wait-for graph of ``state``, in a stable order."""
     holders_on: dict[Node, list[HolderRecord]] = defaultdict(list)
@@ -97,7 +91,7 @@ def wait_edges(state: WaitState) -> list[WaitEdge]:
         me = waiter.owner_key
         inside = False
         for holder in holders_on[waiter.node]:
-            owner = _owner_key(holder)
+            owner = holder.owner_key
             if owner == me:
                 inside = True
             elif not compatible(holder.mode, waiter.mode):

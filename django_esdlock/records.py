@@ -50,6 +50,10 @@ class Node:
     def __str__(self) -> str:
         return f"{self.namespace}:{self.key}" if self.kind is Kind.TREE else f"{self.namespace}:{self.kind}:{self.key}"
 
+    def as_dict(self) -> dict[str, str]:
+        """The node's fields in JSON views (``reap_locks --json``, the admin)."""
+        return {"namespace": self.namespace, "kind": self.kind.value, "path": self.key}
+
     @classmethod
     def from_id(cls, node_id: str) -> Node | None:
         """Return the node a store key names, or None for a digest (the key is not in it)."""
@@ -192,6 +196,11 @@ class HolderRecord:
     """Set once a reaper took the holder over: state, attempts, last error."""
 
     @property
+    def owner_key(self) -> str:
+        """The owner's identity (:attr:`Owner.key`); a stand-in unique to the holder if the store has none."""
+        return owner_key(self.owner, self.holder_id)
+
+    @property
     def expired(self) -> bool:
         """Whether the lease has run out by this host's clock (for display; stores judge by theirs)."""
         return self.expires_at <= datetime.datetime.now(datetime.timezone.utc)
@@ -199,9 +208,7 @@ class HolderRecord:
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-ready view, as ``reap_locks --json`` and the admin show it."""
         return {
-            "namespace": self.node.namespace,
-            "kind": self.node.kind.value,
-            "path": self.node.key,
+            **self.node.as_dict(),
             "mode": self.mode.value,
             "holder_id": self.holder_id,
             "owner": dict(self.owner),
@@ -229,7 +236,7 @@ class WaiterRecord:
 
     @property
     def owner_key(self) -> str:
-        return str(self.owner.get("key") or f"?{self.holder_id}")
+        return owner_key(self.owner, self.holder_id)
 
     @property
     def since(self) -> datetime.datetime:
@@ -238,9 +245,7 @@ class WaiterRecord:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "namespace": self.node.namespace,
-            "kind": self.node.kind.value,
-            "path": self.node.key,
+            **self.node.as_dict(),
             "mode": self.mode.value,
             "holder_id": self.holder_id,
             "owner": dict(self.owner),
@@ -260,6 +265,11 @@ class WaitState:
 
     waiters: tuple[WaiterRecord, ...]
     holders: tuple[HolderRecord, ...]
+
+
+def owner_key(owner: Mapping[str, Any], holder_id: str) -> str:
+    """The key of a recorded owner, or a stand-in unique to ``holder_id`` (no two such records are one owner)."""
+    return str(owner.get("key") or f"?{holder_id}")
 
 
 def main_record(records: Sequence[HolderRecord]) -> HolderRecord:
