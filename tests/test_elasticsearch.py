@@ -10,6 +10,7 @@ from django.test import override_settings
 
 from django_esdlock.backends.elasticsearch import MAPPING, PROPERTIES_OF_VERSION_1, ElasticsearchLockBackend
 from django_esdlock.conf import load_backend
+from django_esdlock.records import Kind, Node, WaitState
 
 from .contract import LockBackendContract
 from .listing_contract import ListingContract
@@ -53,6 +54,14 @@ def test_an_index_of_the_first_mapping_is_flagged_then_gains_the_new_fields_at_f
     mapping = backend.client.indices.get_mapping(index=index)[index]["mappings"]
     assert mapping["properties"] == MAPPING["properties"] and mapping["_meta"] == MAPPING["_meta"]
     assert backend.check() == []
+
+
+def test_reading_the_waiting_requests_creates_no_index(lock_config):
+    backend = load_backend(lock_config)
+    index = lock_config["OPTIONS"]["index"]
+    node = Node("default", Kind.TREE, "/a")
+    assert backend.wait_state() == backend.wait_state([node]) == WaitState((), ())
+    assert not backend.client.indices.exists(index=index)
 
 
 def test_construction_makes_no_request():

@@ -1117,9 +1117,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
 
         Liveness is judged against the clock of the node that answers a
         ``_nodes/_local/stats`` read just before: a store clock, as the
-        listing's ``now``.
+        listing's ``now``. Reads only: a missing lock index is no waiting.
         """
-        yield from self._ensure_index_steps()
         stats = _Api("nodes.stats", {"node_id": "_local", "metric": "process", "filter_path": "nodes.*.timestamp"})
         now_ms = next(iter((yield from self._call_steps("read the store's clock", stats))["nodes"].values()))[
             "timestamp"
@@ -1148,8 +1147,10 @@ class ElasticsearchLockBackend(BaseLockBackend):
             for node in nodes:
                 by_index.setdefault(self.index_of(node.namespace), []).append(node.id)
             for index, ids in sorted(by_index.items()):
-                mget = _Api("mget", {"index": index, "ids": sorted(set(ids)), "realtime": True})
-                docs = (yield from self._call_steps("read waiting requests", mget))["docs"]
+                mget = _Api(
+                    "mget", {"index": index, "ids": sorted(set(ids)), "realtime": True}, options={"ignore_status": 404}
+                )
+                docs = (yield from self._call_steps("read waiting requests", mget)).get("docs", ())
                 sources.extend(doc["_source"] for doc in docs if doc.get("found"))
         return _wait_state(sources, now_ms)
 
