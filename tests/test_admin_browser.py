@@ -1,8 +1,14 @@
-"""The admin page in a real browser: log in, see another process's lock, force-release it."""
+"""The admin pages in a real browser: see another process's lock and force-release it; see a deadlock."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import pytest
+
+from django_esdlock.modes import Mode
+from django_esdlock.records import Kind, LockRequest, Node, Owner
 
 from .admin_support import staff_user
 from .browser import chromium_page, screenshot
@@ -38,3 +44,40 @@ def test_force_release_in_the_browser(live_server, django_user_model, lock_confi
         assert page.locator("tr.holder[data-path='/clinton/projects/README.txt']").count() == 0
         screenshot(page, "admin-after-release")
     assert all_holders(backend) == []
+
+
+def _cycle_of_two_owners(backend) -> str:
+    """Leave a deadlock in the store through the primitive: alice holds /a and waits for /b, bob the other way.
+
+    Return the holder id of the victim (the later request).
+    """
+    backend.marker_ttl = 60  # no request tries again to renew its markers
+    now = time.time_ns()
+    requests = []
+    for name, mine, other, ticket in (("alice", "/a", "/b", now - 1_000_000_000), ("bob", "/b", "/a", now)):
+        owner = dataclasses.replace(Owner.current(), process=f"process-of-{name}", thread_name=name)
+        hold = LockRequest(f"{name}-holds", owner, ((Node("fs", Kind.TREE, mine), Mode.X),), 60)
+        assert backend.acquire(hold) is not None
+        wait = ((Node("fs", Kind.TREE, other), Mode.X),)
+        requests.append(LockRequest(f"{name}-waits", owner, wait, 60, ticket=ticket))
+    for request in requests:
+        assert backend.acquire(request) is None  # refused: leaves its waiting marker
+    return "bob-waits"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_waiting_page_in_the_browser(live_server, django_user_model, lock_config, backend):
+    staff_user(django_user_model, "watcher", "view_heldlock")
+    victim = _cycle_of_two_owners(backend)
+    with chromium_page() as page:
+        page.goto(f"{live_server.url}/admin/login/?next=/admin/django_esdlock/heldlock/")
+        page.fill("#id_username", "watcher")
+        page.fill("#id_password", "pw")
+        page.click("input[type=submit]")
+        page.click("#esdlock-waiting-link")
+        page.wait_for_selector("#esdlock-waiting")
+        assert page.locator("tr.waiting[data-cycle=yes]").count() == 2
+        assert page.locator(f"#esdlock-cycles li[data-victim='{victim}']").count() == 1
+        assert "victim" in page.locator(f"#request-{victim}").inner_text()
+        assert page.locator("#esdlock-graph line.esdlock-arrow-cycle").count() == 2
+        screenshot(page, "admin-waiting")
