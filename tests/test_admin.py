@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -11,16 +10,14 @@ import pytest
 from django.contrib.admin.models import DELETION, LogEntry
 
 from django_esdlock import LockError, LockLost, lock_tree
-from django_esdlock.backends.base import BaseLockBackend
-from django_esdlock.backends.database import DatabaseLockBackend
 from django_esdlock.conf import load_backend
 from django_esdlock.deadlock import cycles
 from django_esdlock.modes import Mode
-from django_esdlock.records import Kind, LockRequest, Node, Owner
 from django_esdlock.signals import lock_force_released
 
 from .admin_support import staff_user
 from .contract import all_holders, raw_grant
+from .waiting_state import hold, wait
 
 pytestmark = pytest.mark.django_db
 
@@ -249,44 +246,33 @@ def test_waiting_page_draws_a_deadlock_of_two_threads_and_the_release_that_break
     assert after.context["graph"].requests == () and b"No request is waiting" in after.content
 
 
-def _request(path: str, mode: Mode, holder_id: str, *, ticket: int | None = None) -> LockRequest:
-    owner = dataclasses.replace(Owner.current(), process=holder_id)  # a distinct owner per request
-    return LockRequest(holder_id, owner, ((Node("default", Kind.TREE, path), mode),), 30, ticket=ticket)
-
-
 def test_waiting_page_shows_a_queue_without_a_cycle(viewer, lock_config, backend):
     backend.marker_ttl = 30  # the markers outlive the test; no request tries again to renew them
-    assert backend.acquire(_request("/q", Mode.S, "reader")) is not None
+    hold(backend, "reader", "/q", Mode.S)
     now = time.time_ns()
-    assert backend.acquire(_request("/q", Mode.X, "writer", ticket=now - 2_000_000_000)) is None
-    assert backend.acquire(_request("/q", Mode.S, "second-reader", ticket=now)) is None  # queued behind the writer
+    wait(backend, "writer", "/q", Mode.X, ticket=now - 2_000_000_000)
+    wait(backend, "second", "/q", Mode.S, ticket=now)  # compatible with the reader, queued behind the writer
     response = viewer.get(WAITING)
     graph = response.context["graph"]
-    assert [r.holder_id for r in graph.requests] == ["writer", "second-reader"]  # oldest first
+    assert [r.holder_id for r in graph.requests] == ["writer-waits", "second-waits"]  # oldest first
     assert {(e.waiter, e.blocker, e.blocker_mode.value, e.queued) for e in graph.edges} == {
-        ("writer", "reader", "S", False),
-        ("second-reader", "writer", "X", True),
+        ("writer-waits", "reader-holds", "S", False),
+        ("second-waits", "writer-waits", "X", True),
     }
     assert graph.cycles == ()
     html = response.content.decode()
     assert "no deadlock" in html and 'data-cycle="yes"' not in html and 'id="esdlock-cycles"' not in html
-    (writer_row,) = [row for row in response.context["requests"] if row["request"].holder_id == "writer"]
+    (writer_row,) = [row for row in response.context["requests"] if row["request"].holder_id == "writer-waits"]
     assert 1.5 < writer_row["waited"] < 60
+    assert "itself waiting" in html  # the second request's blocker, the writer, is a waiting request
     # A namespace with nothing waiting shows nothing.
     other = viewer.get(WAITING, {"namespace": "other"})
     assert other.context["graph"].requests == () and b"in namespace other" in other.content
 
 
-class NoWaitStateBackend(DatabaseLockBackend):
-    """A backend that keeps the base class's answer: it cannot list waiting requests."""
-
-    def wait_state(self, nodes=None):
-        return BaseLockBackend.wait_state(self, nodes)
-
-
 def test_waiting_page_of_a_store_that_cannot_list_waiters(viewer, settings, tmp_path):
     settings.LOCK_BACKEND = {
-        "BACKEND": f"{__name__}.NoWaitStateBackend",
+        "BACKEND": "tests.waiting_state.NoWaitStateBackend",
         "OPTIONS": {"url": f"sqlite:///{tmp_path}/locks.sqlite3"},
     }
     response = viewer.get(WAITING)

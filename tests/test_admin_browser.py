@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import time
-
 import pytest
-
-from django_esdlock.modes import Mode
-from django_esdlock.records import Kind, LockRequest, Node, Owner
 
 from .admin_support import staff_user
 from .browser import chromium_page, screenshot
 from .contract import all_holders
+from .waiting_state import leave_a_deadlock
 
 
 @pytest.fixture
@@ -46,29 +41,10 @@ def test_force_release_in_the_browser(live_server, django_user_model, lock_confi
     assert all_holders(backend) == []
 
 
-def _cycle_of_two_owners(backend) -> str:
-    """Leave a deadlock in the store through the primitive: alice holds /a and waits for /b, bob the other way.
-
-    Return the holder id of the victim (the later request).
-    """
-    backend.marker_ttl = 60  # no request tries again to renew its markers
-    now = time.time_ns()
-    requests = []
-    for name, mine, other, ticket in (("alice", "/a", "/b", now - 1_000_000_000), ("bob", "/b", "/a", now)):
-        owner = dataclasses.replace(Owner.current(), process=f"process-of-{name}", thread_name=name)
-        hold = LockRequest(f"{name}-holds", owner, ((Node("fs", Kind.TREE, mine), Mode.X),), 60)
-        assert backend.acquire(hold) is not None
-        wait = ((Node("fs", Kind.TREE, other), Mode.X),)
-        requests.append(LockRequest(f"{name}-waits", owner, wait, 60, ticket=ticket))
-    for request in requests:
-        assert backend.acquire(request) is None  # refused: leaves its waiting marker
-    return "bob-waits"
-
-
 @pytest.mark.django_db(transaction=True)
 def test_waiting_page_in_the_browser(live_server, django_user_model, lock_config, backend):
     staff_user(django_user_model, "watcher", "view_heldlock")
-    victim = _cycle_of_two_owners(backend)
+    victim = leave_a_deadlock(backend)
     with chromium_page() as page:
         page.goto(f"{live_server.url}/admin/login/?next=/admin/django_esdlock/heldlock/")
         page.fill("#id_username", "watcher")
