@@ -1,8 +1,9 @@
-"""Admin page of held locks: what the active backend reports, page by page, for every backend."""
+"""Admin pages of held locks and waiting requests: what the active backend reports, for every backend."""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +26,7 @@ from .modes import Mode
 from .paths import ancestors, normalize_namespace, normalize_path
 from .reaper import Reaper
 from .records import HolderRecord, Kind, Node, main_record
+from .waiting import WaitGraph, drawing, owner_label
 
 _EXPIRED_CHOICES = {"yes": True, "no": False}
 
@@ -102,6 +104,64 @@ def _row(record: HolderRecord) -> dict[str, Any]:
     }
 
 
+def _waiting_rows(graph: WaitGraph) -> list[dict[str, Any]]:
+    """One row per waiting request, with the edges out of it, oldest request first."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    in_cycle, victims = graph.cycle_edges, graph.victims
+    members = {r.holder_id for cycle in graph.cycles for r in cycle.requests}
+    waiting_of: dict[str, str] = {}
+    for r in graph.requests:
+        waiting_of.setdefault(r.owner_key, r.holder_id)
+    rows = []
+    for r in graph.requests:
+        since = r.markers[0].since
+        edges = [
+            {
+                "edge": e,
+                "blocker_owner": owner_label(graph.owners.get(e.blocker, {})) or e.blocker_owner,
+                "blocker_waits": waiting_of.get(e.blocker_owner),
+                "cycle": e.key in in_cycle,
+            }
+            for e in graph.edges
+            if e.waiter == r.holder_id
+        ]
+        rows.append(
+            {
+                "request": r,
+                "owner": owner_label(r.owner),
+                "since": since,
+                "waited": max(0.0, (now - since).total_seconds()),
+                "waits_for": [(m.node, m.mode.value) for m in r.markers],
+                "edges": edges,
+                "lines": edges or [{}],  # a request whose blockers just left still gets its line
+                "span": max(1, len(edges)),
+                "cycle": r.holder_id in members,
+                "victim": r.holder_id in victims,
+            }
+        )
+    return rows
+
+
+def _cycle_rows(graph: WaitGraph) -> list[dict[str, Any]]:
+    return [
+        {
+            "cycle": cycle,
+            "victim": cycle.victim,
+            "victim_owner": owner_label(cycle.victim.owner),
+            "steps": [
+                {
+                    "request": r,
+                    "owner": owner_label(r.owner),
+                    "edge": e,
+                    "blocker_owner": owner_label(graph.owners.get(e.blocker, {})) or e.blocker_owner,
+                }
+                for r, e in zip(cycle.requests, cycle.edges, strict=True)
+            ],
+        }
+        for cycle in graph.cycles
+    ]
+
+
 @admin.register(HeldLock)
 class HeldLockAdmin(admin.ModelAdmin):
     """Lists holders through the backend (never the ORM); force release and reap as POST actions."""
@@ -121,6 +181,7 @@ class HeldLockAdmin(admin.ModelAdmin):
         return [
             path("", view(self.changelist_view), name="{}_{}_changelist".format(*info)),
             path("tree/", view(self.tree_view), name="{}_{}_tree".format(*info)),
+            path("waiting/", view(self.waiting_view), name="{}_{}_waiting".format(*info)),
             path("release/", view(self.force_release_view), name="{}_{}_release".format(*info)),
             path("reap/", view(self.reap_view), name="{}_{}_reap".format(*info)),
         ]
@@ -141,6 +202,7 @@ class HeldLockAdmin(admin.ModelAdmin):
             "can_release": self.has_delete_permission(request),
             "changelist_url": self._url("changelist"),
             "tree_url": self._url("tree"),
+            "waiting_url": self._url("waiting"),
             "release_url": self._url("release"),
             "reap_url": self._url("reap"),
             **extra,
@@ -222,6 +284,34 @@ class HeldLockAdmin(admin.ModelAdmin):
             next_url=next_url,
         )
         return TemplateResponse(request, "admin/django_esdlock/heldlock/tree.html", context)
+
+    # --- the wait-for graph ------------------------------------------------------
+
+    def waiting_view(self, request: HttpRequest) -> HttpResponse:
+        """Who waits for whom now: every waiting request, the holders or earlier requests it waits for, deadlocks."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        error = None
+        graph = None
+        namespace = None
+        try:
+            namespace = normalize_namespace(request.GET["namespace"]) if request.GET.get("namespace") else None
+            graph = WaitGraph.of(get_backend().wait_state(), namespace)
+        except NotImplementedError as e:
+            error = f"This lock store cannot list waiting requests: {e}"
+        except (LockError, ValueError) as e:
+            error = _unreadable(e)
+        context = self._context(
+            request,
+            "Waiting requests",
+            error=error,
+            namespace=namespace or "",
+            graph=graph,
+            requests=_waiting_rows(graph) if graph else [],
+            cycles=_cycle_rows(graph) if graph else [],
+            drawing=drawing(graph) if graph else None,
+        )
+        return TemplateResponse(request, "admin/django_esdlock/heldlock/waiting.html", context)
 
     # --- actions -----------------------------------------------------------------
 

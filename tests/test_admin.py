@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 import pytest
 from django.contrib.admin.models import DELETION, LogEntry
 
-from django_esdlock import lock_tree
+from django_esdlock import LockError, LockLost, lock_tree
 from django_esdlock.conf import load_backend
+from django_esdlock.deadlock import cycles
 from django_esdlock.modes import Mode
 from django_esdlock.signals import lock_force_released
 
 from .admin_support import staff_user
 from .contract import all_holders, raw_grant
+from .waiting_state import hold, wait
 
 pytestmark = pytest.mark.django_db
 
@@ -21,6 +25,7 @@ LIST = "/admin/django_esdlock/heldlock/"
 TREE = LIST + "tree/"
 RELEASE = LIST + "release/"
 REAP = LIST + "reap/"
+WAITING = LIST + "waiting/"
 
 
 @pytest.fixture
@@ -47,7 +52,7 @@ def rows(response) -> list[tuple[str, str]]:
 
 
 def test_anonymous_is_sent_to_login(client, lock_config):
-    for url in (LIST, TREE):
+    for url in (LIST, TREE, WAITING):
         response = client.get(url)
         assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
 
@@ -56,6 +61,7 @@ def test_staff_without_permission_is_forbidden(client, django_user_model, lock_c
     client.force_login(staff_user(django_user_model, "nobody"))
     assert client.get(LIST).status_code == 403
     assert client.get(TREE).status_code == 403
+    assert client.get(WAITING).status_code == 403
     assert client.post(RELEASE, {"holder": "x"}).status_code == 403
 
 
@@ -160,8 +166,116 @@ def test_unreachable_store_is_a_message_not_a_crash(viewer, settings):
         "BACKEND": "django_esdlock.backends.elasticsearch.ElasticsearchLockBackend",
         "OPTIONS": {"hosts": ["http://127.0.0.1:9"], "index": "locks", "request_timeout": 1, "max_retries": 0},
     }
-    for url in (LIST, TREE):
+    for url in (LIST, TREE, WAITING):
         response = viewer.get(url)
         assert response.status_code == 200
         assert "cannot be read" in response.context["error"]
         assert b"127.0.0.1:9" in response.content
+
+
+# --- the waiting page: the wait-for graph -------------------------------------------
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not (found := predicate()):
+        assert time.monotonic() < deadline, f"{what} not met within {timeout:g}s"
+        time.sleep(0.02)
+    return found
+
+
+def test_waiting_page_draws_a_deadlock_of_two_threads_and_the_release_that_breaks_it(releaser, lock_config, backend):
+    """Two threads (two owners) each hold one path and wait for the other's: the page shows the cycle."""
+    backend.deadlock_timeout = None  # nobody gives up: the cycle stands until an operator breaks it
+    barrier = threading.Barrier(2, timeout=10)
+    held: dict[str, str] = {}
+    outcome: dict[str, str] = {}
+
+    def member(mine: str, other: str) -> None:
+        name = threading.current_thread().name
+        try:
+            with lock_tree(mine, namespace="fs", backend=backend) as lock:
+                held[name] = lock.holder_id
+                barrier.wait()
+                with lock_tree(other, namespace="fs", timeout=10, backend=backend):
+                    outcome[name] = "granted"
+        except LockLost:
+            outcome[name] = "granted, outer lock force-released"
+        except (LockError, threading.BrokenBarrierError) as e:
+            outcome[name] = type(e).__name__
+
+    threads = [
+        threading.Thread(target=member, args=("/alice", "/bob"), name="alice"),
+        threading.Thread(target=member, args=("/bob", "/alice"), name="bob"),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        (cycle,) = wait_for(lambda: cycles(backend.wait_state()), what="a cycle in the store")
+        response = releaser.get(LIST)
+        assert WAITING.encode() in response.content  # the held-locks list links to the waiting page
+        response = releaser.get(WAITING)
+        assert response.status_code == 200 and response.context["error"] is None
+        graph = response.context["graph"]
+        assert {r.owner["thread_name"] for r in graph.requests} == {"alice", "bob"}
+        assert {(e.waiter_owner, e.node.key, e.mode.value, e.blocker, e.queued) for e in graph.edges} == {
+            (e.waiter_owner, e.node.key, "X", e.blocker, False) for e in cycle.edges
+        }
+        assert {e.blocker for e in graph.edges} == set(held.values())
+        (shown,) = response.context["cycles"]
+        assert shown["victim"].holder_id == cycle.victim.holder_id  # the same victim the requests pick
+        html = response.content.decode()
+        assert html.count('data-cycle="yes"') == 2 and "1 deadlock" in html
+        assert html.count('class="esdlock-arrow-cycle"') == 2  # the drawing: two red arrows
+        assert f'data-victim="{cycle.victim.holder_id}"' in html
+        for name in ("alice", "bob"):
+            assert f"pid {os.getpid()} {name}" in html
+        # Breaking it from the admin: force-release the victim's outer lock; the other gets in.
+        victim = cycle.victim.owner["thread_name"]
+        releaser.post(RELEASE, {"holder": held[victim], "confirm": "yes"})
+        for thread in threads:
+            thread.join(timeout=15)
+            assert not thread.is_alive()
+    finally:
+        barrier.abort()
+        for thread in threads:
+            thread.join(timeout=15)
+    assert outcome[victim] == "granted, outer lock force-released"
+    assert outcome[{"alice": "bob", "bob": "alice"}[victim]] == "granted"
+    after = releaser.get(WAITING)
+    assert after.context["graph"].requests == () and b"No request is waiting" in after.content
+
+
+def test_waiting_page_shows_a_queue_without_a_cycle(viewer, lock_config, backend):
+    backend.marker_ttl = 30  # the markers outlive the test; no request tries again to renew them
+    hold(backend, "reader", "/q", Mode.S)
+    now = time.time_ns()
+    wait(backend, "writer", "/q", Mode.X, ticket=now - 2_000_000_000)
+    wait(backend, "second", "/q", Mode.S, ticket=now)  # compatible with the reader, queued behind the writer
+    response = viewer.get(WAITING)
+    graph = response.context["graph"]
+    assert [r.holder_id for r in graph.requests] == ["writer-waits", "second-waits"]  # oldest first
+    assert {(e.waiter, e.blocker, e.blocker_mode.value, e.queued) for e in graph.edges} == {
+        ("writer-waits", "reader-holds", "S", False),
+        ("second-waits", "writer-waits", "X", True),
+    }
+    assert graph.cycles == ()
+    html = response.content.decode()
+    assert "no deadlock" in html and 'data-cycle="yes"' not in html and 'id="esdlock-cycles"' not in html
+    (writer_row,) = [row for row in response.context["requests"] if row["request"].holder_id == "writer-waits"]
+    assert 1.5 < writer_row["waited"] < 60
+    assert "itself waiting" in html  # the second request's blocker, the writer, is a waiting request
+    # A namespace with nothing waiting shows nothing.
+    other = viewer.get(WAITING, {"namespace": "other"})
+    assert other.context["graph"].requests == () and b"in namespace other" in other.content
+
+
+def test_waiting_page_of_a_store_that_cannot_list_waiters(viewer, settings, tmp_path):
+    settings.LOCK_BACKEND = {
+        "BACKEND": "tests.waiting_state.NoWaitStateBackend",
+        "OPTIONS": {"url": f"sqlite:///{tmp_path}/locks.sqlite3"},
+    }
+    response = viewer.get(WAITING)
+    assert response.status_code == 200
+    assert "cannot list waiting requests" in response.context["error"]
+    assert response.context["graph"] is None

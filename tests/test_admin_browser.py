@@ -1,4 +1,4 @@
-"""The admin page in a real browser: log in, see another process's lock, force-release it."""
+"""The admin pages in a real browser: see another process's lock and force-release it; see a deadlock."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 from .admin_support import staff_user
 from .browser import chromium_page, screenshot
 from .contract import all_holders
+from .waiting_state import leave_a_deadlock
 
 
 @pytest.fixture
@@ -38,3 +39,21 @@ def test_force_release_in_the_browser(live_server, django_user_model, lock_confi
         assert page.locator("tr.holder[data-path='/clinton/projects/README.txt']").count() == 0
         screenshot(page, "admin-after-release")
     assert all_holders(backend) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_waiting_page_in_the_browser(live_server, django_user_model, lock_config, backend):
+    staff_user(django_user_model, "watcher", "view_heldlock")
+    victim = leave_a_deadlock(backend)
+    with chromium_page() as page:
+        page.goto(f"{live_server.url}/admin/login/?next=/admin/django_esdlock/heldlock/")
+        page.fill("#id_username", "watcher")
+        page.fill("#id_password", "pw")
+        page.click("input[type=submit]")
+        page.click("#esdlock-waiting-link")
+        page.wait_for_selector("#esdlock-waiting")
+        assert page.locator("tr.waiting[data-cycle=yes]").count() == 2
+        assert page.locator(f"#esdlock-cycles li[data-victim='{victim}']").count() == 1
+        assert "victim" in page.locator(f"#request-{victim}").inner_text()
+        assert page.locator("#esdlock-graph line.esdlock-arrow-cycle").count() == 2
+        screenshot(page, "admin-waiting")

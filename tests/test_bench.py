@@ -31,6 +31,8 @@ def expected_keys(store: str) -> set[str]:
         f"{store}.contention.pairs",
         f"{store}.contention.longest_wait",
         f"{store}.writer_wait",
+        f"{store}.deadlock.p50",
+        f"{store}.deadlock.p99",
         f"{store}.reap",
         f"{store}.admin_changelist",
         f"{store}.async.pair",
@@ -74,6 +76,12 @@ def test_quick_run_reports_every_figure_next_to_its_baseline(es_url, tmp_path):
     assert figures["elasticsearch.admin_changelist"]["extra"]["paged"] is True
     if HAS_MATPLOTLIB:
         assert png.read_bytes().startswith(PNG_SIGNATURE)
+    # Every round of the deadlock figure had exactly one victim, which cannot give up before the deadlock timeout.
+    for store in ("elasticsearch", "postgres"):
+        deadlock = figures[f"{store}.deadlock.p50"]
+        assert deadlock["baseline"] == report["options"]["deadlock_timeout"] == 0.2
+        assert deadlock["extra"]["rounds"] == report["options"]["deadlock_rounds"]
+        assert deadlock["extra"]["without_one_victim"] == 0 and deadlock["ratio"] >= 1
     # The async figures: many tasks held against one, with the goal on the stores with native async I/O.
     for store in ("elasticsearch", "postgres"):
         tasks = figures[f"{store}.async.tasks"]
@@ -93,6 +101,7 @@ def test_sqlite_is_measured_when_named(tmp_path):
     assert figures["sqlite.reap"]["extra"]["evicted"] == report["options"]["reap_count"]
     assert figures["sqlite.async.tasks"]["goal"] is None and figures["sqlite.async.tasks"]["extra"]["tasks"] == 20
     assert report["facts"]["sqlite"]["journal_mode"] == "wal"
+    assert figures["sqlite.deadlock.p50"]["extra"]["without_one_victim"] == 0
 
 
 @pytest.mark.usefixtures("_lock_connections")

@@ -39,6 +39,7 @@ HOT_PATHS = [f"/hot/sub/dir/leaf{k}" for k in range(4)]
 CHURN_PATHS = [f"/a/{k}/leaf" for k in range(16)]
 CHURN_HOLD = 0.01
 WRITER_ROUNDS = 3
+DEADLOCK_PATHS = ("/deadlock/a", "/deadlock/b")
 
 
 def _timed(operation: Callable[[], Any]) -> float:
@@ -280,6 +281,76 @@ def writer_wait(kit: StoreKit, pool: WorkerPool, churners: int, seconds: float, 
                 "p50_hold": percentile([h for r in results for h in r["holds"]], 0.5),
             },
         )
+    ]
+
+
+def deadlock_latency(kit: StoreKit, pool: WorkerPool, rounds: int, deadlock_timeout: float, say: Say) -> list[Figure]:
+    """Two processes each hold one path and ask for the other's: cycle closed → victim's ``LockDeadlock``, p50, p99.
+
+    Each round, worker 1 takes X on ``/deadlock/a`` and worker 2 on
+    ``/deadlock/b``; then both ask for the other path at once (in a random
+    order). The latency runs from the later of the two ``acquire()`` calls
+    (the request that closes the cycle) to the return of the victim's
+    ``LockDeadlock``, and is held against ``deadlock_timeout``: a request
+    waits that long before it looks, so the ratio is at least 1 and what
+    is above 1 is the looking (two reads) and the polling. A round with no
+    victim or two is counted apart, not measured.
+    """
+    say(f"{kit.name}: deadlock detection latency, {rounds} rounds, deadlock timeout {deadlock_timeout:g} s")
+    give_up = 10 * deadlock_timeout + 10  # a request that is never picked ends the figure, not the run
+    conns = pool.start(
+        "deadlock", kit.config, 2, namespace=NAMESPACE, deadlock_timeout=deadlock_timeout, timeout=give_up
+    )
+    latencies, survivor_after, odd = [], [], 0
+    a, b = DEADLOCK_PATHS
+    try:
+        for _ in range(rounds):
+            for conn, (first, second) in zip(conns, ((a, b), (b, a)), strict=True):
+                conn.send(("go", first, second))
+            for conn in conns:
+                if pool.receive(conn) != "held":
+                    raise RuntimeError("a deadlock worker did not take its first path")
+            for conn in random.sample(conns, len(conns)):
+                conn.send("close")
+            outcomes = [pool.receive(conn, timeout=2 * give_up) for conn in conns]
+            closed = max(started for _, started, _ in outcomes)
+            victims = [ended for outcome, _, ended in outcomes if outcome == "deadlock"]
+            granted = [ended for outcome, _, ended in outcomes if outcome == "granted"]
+            if len(victims) != 1:
+                odd += 1
+                continue
+            latencies.append(victims[0] - closed)
+            survivor_after.append(granted[0] - victims[0])
+    finally:
+        for conn in conns:
+            conn.send("stop")
+    pool.results(conns)
+    common = {
+        "backend": kit.name,
+        "unit": "s",
+        "baseline_label": "deadlock timeout",
+        "baseline": deadlock_timeout,
+        "note": f"{odd} of {rounds} rounds without exactly one victim" if odd else "",
+    }
+    return [
+        Figure(
+            key=f"{kit.name}.deadlock.p50",
+            label="deadlock detection latency, p50",
+            value=percentile(latencies, 0.5),
+            extra={
+                "rounds": len(latencies),
+                "without_one_victim": odd,
+                "p50_survivor_granted_after_victim_s": percentile(survivor_after, 0.5),
+            },
+            **common,
+        ),
+        Figure(
+            key=f"{kit.name}.deadlock.p99",
+            label="deadlock detection latency, p99",
+            value=percentile(latencies, 0.99),
+            goal=ratio_at_most(2.0),
+            **common,
+        ),
     ]
 
 

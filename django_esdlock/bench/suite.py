@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 
+from ..conf import DEFAULT_DEADLOCK_TIMEOUT
 from ..noida import elasticsearch_url
 from . import aio, scenarios
 from .admin import changelist
@@ -45,6 +46,9 @@ class Options:
     """Also measure the peer locks of ``bench.peers`` (PostgreSQL runs only)."""
     tasks: int = 100
     """Tasks of one process in the async many-task figure."""
+    deadlock_rounds: int = 20
+    deadlock_timeout: float = DEFAULT_DEADLOCK_TIMEOUT
+    """The workers' deadlock timeout in the deadlock detection figure (the setting's default)."""
 
     @property
     def churners(self) -> int:
@@ -115,6 +119,7 @@ def _stages(
         "contention": lambda: scenarios.contention(kit, pool, o.workers, o.seconds, say),
         "global": lambda: scenarios.global_locks(kit, pool, o.workers, o.seconds, peers, say),
         "writer_wait": lambda: scenarios.writer_wait(kit, pool, o.churners, o.seconds, say),
+        "deadlock": lambda: scenarios.deadlock_latency(kit, pool, o.deadlock_rounds, o.deadlock_timeout, say),
         "reap": lambda: scenarios.reaping(kit, o.reap_count, say),
         "admin": lambda: changelist(kit, o.admin_count, say),
         "async_pairs": lambda: aio.pairs(kit, o.tasks, o.seconds, say),

@@ -1,4 +1,4 @@
-"""Worker processes for the multi-process figures: contention, writer wait and wake-up latency (blocking, async).
+"""Worker processes for the multi-process figures: contention, writer wait, wake-up and deadlock detection latency.
 
 Workers are spawned (not forked) once per run and take one task at a time
 over a pipe, so that each figure does not pay for starting Django again.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import multiprocessing
 import os
 import random
@@ -164,6 +165,49 @@ def hold(backend: Any, conn: Connection, *, path: str, namespace: str) -> int:
     return rounds
 
 
+def deadlock(backend: Any, conn: Connection, *, namespace: str, deadlock_timeout: float, timeout: float) -> int:
+    """Each round: on ``("go", first, second)`` take X on ``first`` and say "held"; on "close" ask for X on ``second``.
+
+    Send ``(outcome, started, ended)``: "deadlock" or "granted", the
+    monotonic times just before that request and at its ``LockDeadlock`` or
+    grant; then give both back. Looks for deadlocks after
+    ``deadlock_timeout`` meanwhile. Ends on "stop"; returns the number of rounds.
+    """
+    from ..exceptions import LockDeadlock
+    from ..locks import lock_tree
+
+    previous, backend.deadlock_timeout = backend.deadlock_timeout, deadlock_timeout
+    # Each victim logs a warning naming the cycle: expected here, one a round.
+    logger = logging.getLogger("django_esdlock")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    rounds = 0
+    try:
+        while (message := conn.recv()) != "stop":
+            _, first, second = message
+            outer = lock_tree(first, namespace=namespace, timeout=timeout, backend=backend).acquire()
+            try:
+                conn.send("held")
+                conn.recv()  # "close": the other worker holds its path too
+                inner = lock_tree(second, namespace=namespace, timeout=timeout, backend=backend)
+                started = time.monotonic()
+                try:
+                    inner.acquire()
+                except LockDeadlock:
+                    outcome, ended = "deadlock", time.monotonic()
+                else:
+                    outcome, ended = "granted", time.monotonic()
+                    inner.release()
+            finally:
+                outer.release()
+            conn.send((outcome, started, ended))
+            rounds += 1
+    finally:
+        backend.deadlock_timeout = previous
+        logger.setLevel(level)
+    return rounds
+
+
 TASKS: dict[str, Callable[..., Any]] = {
     "contend": contend,
     "contend_global": contend_global,
@@ -171,6 +215,7 @@ TASKS: dict[str, Callable[..., Any]] = {
     "churn": churn,
     "wake": wake,
     "hold": hold,
+    "deadlock": deadlock,
 }
 
 

@@ -11,7 +11,15 @@ from ...bench.common import format_facts, format_table
 from ...bench.suite import OTHER_STORES, STORES, Options, run
 from ..arguments import positive
 
-QUICK = {"seconds": 0.2, "wake_rounds": 5, "request_rounds": 3, "reap_count": 200, "admin_count": 1000}
+QUICK = {
+    "seconds": 0.2,
+    "wake_rounds": 5,
+    "request_rounds": 3,
+    "reap_count": 200,
+    "admin_count": 1000,
+    "deadlock_rounds": 3,
+    "deadlock_timeout": 0.2,
+}
 """``--quick``: enough of every figure to prove the command works (CI), too little to mean anything."""
 
 MAX_DEPTH = 64  # the longest path a lock takes (paths.py)
@@ -28,7 +36,8 @@ class Command(BaseCommand):
     help = (
         "Benchmark the lock stores (a throwaway Elasticsearch index, PostgreSQL database or SQLite file): "
         "tree lock pairs/s by depth against raw store operations, requests per acquire, wake-up latency, "
-        "contention, writer wait, reaping, the admin changelist and the async API (1 task, many tasks, wake-up); "
+        "contention, writer wait, deadlock detection latency, reaping, the admin changelist and the async API "
+        "(1 task, many tasks, wake-up); "
         "one table of figures and baselines."
     )
 
@@ -50,6 +59,18 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--tasks", type=positive(int), default=100, help="Tasks of one process in the async figure (default 100)."
+        )
+        parser.add_argument(
+            "--deadlock-timeout",
+            type=positive(float),
+            metavar="SECONDS",
+            help="Deadlock timeout of the deadlock detection figure (default 1, as the setting; 0.2 with --quick).",
+        )
+        parser.add_argument(
+            "--deadlock-rounds",
+            type=positive(int),
+            metavar="N",
+            help="Deadlocks to measure in the deadlock detection figure (default 20; 3 with --quick).",
         )
         parser.add_argument("--quick", action="store_true", help="A few seconds in all, for CI; figures mean little.")
         parser.add_argument(
@@ -83,8 +104,9 @@ class Command(BaseCommand):
         if options["es_hosts"]:
             self._scale_out(options, sizes)
             return
-        if options["seconds"] is not None:
-            sizes["seconds"] = options["seconds"]
+        for option in ("seconds", "deadlock_timeout", "deadlock_rounds"):
+            if options[option] is not None:
+                sizes[option] = options[option]
         bench_options = Options(
             stores=STORES if options["backend"] == "all" else (options["backend"],),
             workers=options["workers"],

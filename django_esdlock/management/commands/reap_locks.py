@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -12,6 +13,7 @@ from ...conf import get_backend
 from ...exceptions import LockError
 from ...paths import normalize_namespace
 from ...reaper import Reaper
+from ...waiting import WaitGraph, owner_label
 
 
 def _grace(value: str) -> float:
@@ -21,10 +23,20 @@ def _grace(value: str) -> float:
     return seconds
 
 
+@dataclasses.dataclass(frozen=True)
+class _Waiting:
+    """The wait-for graph as read after reaping, or why there is none."""
+
+    graph: WaitGraph | None
+    supported: bool = True
+    error: str | None = None
+
+
 class Command(BaseCommand):
     help = (
         "Remove lock holders whose lease ran out (by the store's clock) and nodes left empty; "
-        "recover expired holders that carry an intent with their registered handler."
+        "recover expired holders that carry an intent with their registered handler; "
+        "report the requests waiting now and the deadlocks among them."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -69,10 +81,17 @@ class Command(BaseCommand):
             report = reaper.run()
         except LockError as e:
             raise CommandError(f"reaping failed: {e}") from e
-        if options["json"]:
-            self.stdout.write(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+        if not options["json"] and verbosity < 1:
             return
-        if verbosity < 1:
+        waiting = self._waiting(reaper.backend, namespace)
+        if options["json"]:
+            output = report.as_dict()
+            graph = waiting.graph or WaitGraph((), (), (), {})
+            output["waiting"] = {"supported": waiting.supported, "error": waiting.error, **graph.as_dict()}
+            output["counts"].update(
+                waiting_requests=len(graph.requests), waiting_edges=len(graph.edges), cycles=len(graph.cycles)
+            )
+            self.stdout.write(json.dumps(output, indent=2, sort_keys=True))
             return
         verb = "Would remove" if report.dry_run else "Removed"
         self.stdout.write(f"{verb} {len(report.evicted)} expired holder(s).")
@@ -94,3 +113,43 @@ class Command(BaseCommand):
         if verbosity >= 2:
             for record in report.evicted + report.dead_local:
                 self.stdout.write(f"  {record.node} {record.mode} holder {record.holder_id} owner {dict(record.owner)}")
+        self._write_waiting(waiting, verbosity)
+
+    def _waiting(self, backend: Any, namespace: str | None) -> _Waiting:
+        """Read the wait-for graph now. Reaping is done by then: a failure here is reported, not raised."""
+        try:
+            return _Waiting(WaitGraph.of(backend.wait_state(), namespace))
+        except NotImplementedError as e:
+            return _Waiting(None, supported=False, error=str(e))
+        except LockError as e:
+            return _Waiting(None, error=f"reading the waiting requests failed: {e}")
+
+    def _write_waiting(self, waiting: _Waiting, verbosity: int) -> None:
+        graph = waiting.graph
+        if graph is None:
+            if waiting.supported:
+                self.stdout.write(self.style.ERROR(f"Reaped, but {waiting.error}"))
+            elif verbosity >= 2:
+                self.stdout.write(f"This lock store cannot list waiting requests ({waiting.error}).")
+            return
+        if not graph.requests:
+            return
+        self.stdout.write(
+            f"{len(graph.requests)} request(s) waiting, {len(graph.edges)} wait-for edge(s), "
+            f"{len(graph.cycles)} deadlock(s)."
+        )
+        for cycle in graph.cycles:
+            victim = cycle.victim
+            self.stdout.write(
+                self.style.WARNING(
+                    f"Deadlock between {len(cycle.requests)} requests, victim {victim.holder_id} of "
+                    f"{owner_label(victim.owner)}: {cycle.describe()}"
+                )
+            )
+        if verbosity >= 2:
+            for edge in graph.edges:
+                what = "queued behind waiting request" if edge.queued else "held by"
+                self.stdout.write(
+                    f"  {edge.waiter} waits for {edge.mode} on {edge.node}, {what} {edge.blocker} "
+                    f"({edge.blocker_mode}, owner {owner_label(graph.owners.get(edge.blocker, {}))})"
+                )

@@ -1,0 +1,147 @@
+"""The wait-for graph as people read it, for the admin's waiting page and ``reap_locks``: pure logic, no I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from .deadlock import Cycle, WaitEdge, WaitingRequest, cycles, wait_edges, waiting_requests
+from .records import WaitState
+
+
+def owner_label(owner: Mapping[str, Any]) -> str:
+    """Return an owner as the admin shows it: host, pid and thread name."""
+    return f"{owner.get('host', '?')} pid {owner.get('pid', '?')} {owner.get('thread_name', '')}".strip()
+
+
+def request_dict(request: WaitingRequest) -> dict[str, Any]:
+    """Return a JSON-ready view of one waiting request: who, since when, waiting for what."""
+    first = request.markers[0]
+    return {
+        "holder_id": request.holder_id,
+        "owner": dict(request.owner),
+        "since": first.since.isoformat(),
+        "waits_for": [
+            {"namespace": m.node.namespace, "kind": m.node.kind.value, "path": m.node.key, "mode": m.mode.value}
+            for m in request.markers
+        ],
+        "expires_at": max(m.expires_at for m in request.markers).isoformat(),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitGraph:
+    """The waiting requests of a store, what each waits for, and the deadlocks among them.
+
+    ``owners`` gives the owner fields of every holder id in the graph: the
+    holders that block and the waiting requests.
+    """
+
+    requests: tuple[WaitingRequest, ...]
+    edges: tuple[WaitEdge, ...]
+    cycles: tuple[Cycle, ...]
+    owners: Mapping[str, Mapping[str, Any]]
+
+    @classmethod
+    def of(cls, state: WaitState, namespace: str | None = None) -> WaitGraph:
+        """Build the graph of ``state``; with ``namespace``, keep what touches a node of that namespace.
+
+        Cycles are found on the whole state (one may run through several
+        namespaces) and kept when one of their edges is on ``namespace``.
+        """
+        requests = sorted(waiting_requests(state).values(), key=lambda r: (r.ticket, r.holder_id))
+        edges = wait_edges(state)
+        found = cycles(state)
+        if namespace is not None:
+            requests = [r for r in requests if any(m.node.namespace == namespace for m in r.markers)]
+            edges = [e for e in edges if e.node.namespace == namespace]
+            found = [c for c in found if any(n.namespace == namespace for n in c.nodes)]
+        owners: dict[str, Mapping[str, Any]] = {h.holder_id: h.owner for h in state.holders}
+        owners.update((w.holder_id, w.owner) for w in state.waiters)
+        return cls(tuple(requests), tuple(edges), tuple(found), owners)
+
+    @property
+    def cycle_edges(self) -> frozenset[tuple[Any, ...]]:
+        """The keys (:attr:`WaitEdge.key`) of the edges that are part of some cycle."""
+        return frozenset(edge.key for cycle in self.cycles for edge in cycle.edges)
+
+    @property
+    def victims(self) -> frozenset[str]:
+        """The holder ids of the requests that give up, one per cycle."""
+        return frozenset(cycle.victim.holder_id for cycle in self.cycles)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests": [request_dict(r) for r in self.requests],
+            "edges": [edge.as_dict() for edge in self.edges],
+            "cycles": [cycle.as_dict() for cycle in self.cycles],
+        }
+
+
+# --- a small drawing of the graph: owners on a circle, an arrow per waiting pair of owners
+
+DRAW_LIMIT = 30
+"""Draw at most this many owners; past it the picture says less than the table."""
+
+
+def drawing(graph: WaitGraph, *, radius: int = 32) -> dict[str, Any] | None:
+    """Return what the waiting page's SVG needs: owner circles and arrows; None if nothing or too much to draw.
+
+    Owners are the vertices (a deadlock is between owners); an arrow runs from
+    a waiting owner to each owner it waits for, red when a cycle uses it. Two
+    owners that wait for each other get two arrows side by side.
+    """
+    owner_of = {r.owner_key: r.owner for r in graph.requests}
+    keys: list[str] = []
+    for edge in graph.edges:
+        for key in (edge.waiter_owner, edge.blocker_owner):
+            if key not in keys:
+                keys.append(key)
+        owner_of.setdefault(edge.blocker_owner, graph.owners.get(edge.blocker, {}))
+    if not keys or len(keys) > DRAW_LIMIT:
+        return None
+    # A ring that leaves room for an arrow and its label between neighbours.
+    ring = 0.0 if len(keys) == 1 else max(80.0, len(keys) * 5 * radius / (2 * math.pi))
+    size = round(2 * (ring + radius + 30))
+    centre = size / 2
+    step = 2 * math.pi / len(keys)
+    at = {key: (centre + ring * math.sin(i * step), centre - ring * math.cos(i * step)) for i, key in enumerate(keys)}
+    in_cycle = {(e.waiter_owner, e.blocker_owner) for c in graph.cycles for e in c.edges}
+    victims = {c.victim.owner_key for c in graph.cycles}
+    arrows = []
+    labels: dict[tuple[str, str], list[str]] = {}
+    for edge in graph.edges:
+        labels.setdefault((edge.waiter_owner, edge.blocker_owner), []).append(f"{edge.mode} {edge.node.key}")
+    for (waiter, blocker), what in labels.items():
+        (x1, y1), (x2, y2) = at[waiter], at[blocker]
+        length = math.hypot(x2 - x1, y2 - y1) or 1.0
+        ux, uy = (x2 - x1) / length, (y2 - y1) / length
+        # Offset sideways so that A→B and B→A do not draw over each other.
+        ox, oy = -uy * 6, ux * 6
+        arrows.append(
+            {
+                "x1": round(x1 + ux * radius + ox, 1),
+                "y1": round(y1 + uy * radius + oy, 1),
+                "x2": round(x2 - ux * (radius + 4) + ox, 1),
+                "y2": round(y2 - uy * (radius + 4) + oy, 1),
+                "lx": round((x1 + x2) / 2 + ox * 3, 1),
+                "ly": round((y1 + y2) / 2 + oy * 3, 1),
+                "label": ", ".join(dict.fromkeys(what)),
+                "cycle": (waiter, blocker) in in_cycle,
+            }
+        )
+    owners = [
+        {
+            "x": round(at[key][0], 1),
+            "y": round(at[key][1], 1),
+            "pid": str(owner_of.get(key, {}).get("pid", "?")),
+            "thread": str(owner_of.get(key, {}).get("thread_name", ""))[:10],
+            "title": owner_label(owner_of.get(key, {})),
+            "victim": key in victims,
+            "waiting": any(r.owner_key == key for r in graph.requests),
+        }
+        for key in keys
+    ]
+    return {"size": size, "radius": radius, "owners": owners, "arrows": arrows}
