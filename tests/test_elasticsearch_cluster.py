@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from django_esdlock.backends.elasticsearch import TOKEN_TERM_SHIFT
 from django_esdlock.checker.failover import start_cluster_restart
 from django_esdlock.conf import load_backend
 from django_esdlock.exceptions import LockBackendUnavailable, LockLost, LockUnavailable
@@ -130,6 +131,10 @@ def test_counter_survives_killing_the_primary_then_the_master(config):
     # Fencing tokens across the primary change: proven by the grants made before and after it.
     assert results["term_after"] > results["term_before"]
     assert results["first_token_after"] > results["last_token_before"]
+    # The term is the token's high part; below it, the promoted replica continued the sequence.
+    sequence = (1 << TOKEN_TERM_SHIFT) - 1
+    assert results["first_token_after"] >> TOKEN_TERM_SHIFT == results["term_after"]
+    assert results["first_token_after"] & sequence > results["last_token_before"] & sequence
     assert results["held_kept"]
 
 
@@ -185,8 +190,9 @@ def test_primary_only_acknowledgement_can_lose_a_grant(config):
     While the node is down nothing is granted (the index is red: LockStoreBusy)
     and the holder is told its lock is lost once renewals failed for a lease.
     If the node's data is gone for good and an operator accepts the loss
-    (``allocate_empty_primary``), the acknowledged grant has vanished and
-    fencing tokens start again from the empty shard's sequence.
+    (``allocate_empty_primary``), the acknowledged grant has vanished; the
+    empty shard's sequence starts again, under a higher primary term, so
+    fencing tokens still increase.
     """
     from django_esdlock import lock_tree
 
@@ -227,7 +233,8 @@ def test_primary_only_acknowledgement_can_lose_a_grant(config):
         with pytest.raises(LockLost):
             lock.release()  # the holder is told
         again = lock_tree("/file", namespace="durability", timeout=5, backend=other).acquire()
-        assert again.token <= token, "tokens restart on an empty primary"
+        assert again.token > token, "tokens keep increasing through an empty primary (a higher term)"
+        assert again.token & ((1 << TOKEN_TERM_SHIFT) - 1) <= token & ((1 << TOKEN_TERM_SHIFT) - 1)  # sequence anew
         again.release()
         other.close()
     finally:

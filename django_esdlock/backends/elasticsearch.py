@@ -89,7 +89,7 @@ MAPPING: dict[str, Any] = {
 }
 
 # One primary shard: every write of a request lands on one shard, in order, and
-# its `_seq_no` (our fencing token) is one sequence for the whole lock index.
+# its `_seq_no` (with the primary term, our fencing token) is one sequence for the whole lock index.
 INDEX_SETTINGS: dict[str, Any] = {"number_of_shards": 1}
 
 DEFAULT_REPLICAS = "0-2"
@@ -179,7 +179,7 @@ def read_acquire_items(
     update or two upserts racing to create the node, after retry_on_conflict)
     wrote nothing: a refusal to retry, never a grant; a busy store's answer
     (429, 503) is neither, and goes to ``busy``. The token is the
-    highest ``_seq_no`` written, plus one (so the first token is 1): it exceeds
+    highest ``(_primary_term, _seq_no)`` written, as :func:`_token`: it exceeds
     the token of every grant released before any of these writes.
     """
     outcome = AcquireOutcome([], [], [], 0)
@@ -200,18 +200,35 @@ def read_acquire_items(
             outcome.refused.append(node)  # it left a waiting marker, not a holder
         elif result in ("created", "updated"):
             outcome.taken.append(node)
-            outcome.token = max(outcome.token, body["_seq_no"] + 1)
+            outcome.token = max(outcome.token, _token(body))
         elif (
             result == "noop"
             and request.reentrant
             and _own_hold(body.get("get", {}).get("_source"), request.owner.key, mode)
         ):
-            outcome.token = max(outcome.token, body.get("_seq_no", -1) + 1)
+            outcome.token = max(outcome.token, _token(body) if "_seq_no" in body else 0)
         elif result == "noop":
             outcome.refused.append(node)
         else:
             outcome.errors.append(f"{node}: unexpected result {result!r}")
     return outcome
+
+
+TOKEN_TERM_SHIFT = 40
+"""Bits of a fencing token below the primary term: the ``_seq_no`` part (see :func:`_token`)."""
+
+
+def _token(body: Mapping[str, Any]) -> int:
+    """Return the fencing token of a write: its primary term times 2**40, plus its ``_seq_no`` plus one.
+
+    A one-shard index's history is ordered by (primary term, sequence number):
+    a new primary continues the sequence under a higher term, and a primary
+    an operator forces empty (``allocate_empty_primary``) starts the sequence
+    again from 0, also under a higher term. With the term above the sequence,
+    tokens keep increasing through both (while the index has written fewer
+    than 2**40 operations). Deleting and recreating the index restarts them.
+    """
+    return (int(body.get("_primary_term") or 1) << TOKEN_TERM_SHIFT) + int(body["_seq_no"]) + 1
 
 
 def _merge(first: AcquireOutcome, second: AcquireOutcome) -> AcquireOutcome:
@@ -1305,12 +1322,12 @@ class ElasticsearchLockBackend(BaseLockBackend):
         (item,) = self._bulk(operations([arbiter], arbiter.owner.get("key")), "take a holder over")
         if item["update"].get("result") != "updated":
             return None
-        token = item["update"]["_seq_no"] + 1
+        token = _token(item["update"])
         others = [r for r in records if r is not arbiter]
         if others:
             for item in self._bulk(operations(others, None), "take a holder over"):
                 if item["update"].get("result") == "updated":
-                    token = max(token, item["update"]["_seq_no"] + 1)
+                    token = max(token, _token(item["update"]))
         return Grant(request=request, token=token, taken=tuple(r.node for r in records))
 
     # --- checks ---------------------------------------------------------------
