@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from django_esdlock.backends.elasticsearch import TOKEN_TERM_SHIFT
 from django_esdlock.checker.failover import start_cluster_restart
 from django_esdlock.conf import load_backend
 from django_esdlock.exceptions import LockBackendUnavailable, LockLost, LockUnavailable
@@ -121,13 +122,19 @@ def test_counter_survives_killing_the_primary_then_the_master(config):
     assert results["overlaps"] == 0
     assert results["stale_tokens"] == 0
     # A LockLost at a release right across the failover is possible and safe (the counter and the
-    # overlap check above hold): the coordinating node may replay a release the old primary had
-    # already applied, and the replay finds the holder gone. It must stay rare; issue #17 keeps
-    # this open (the release cannot yet tell its own replay from a grant that vanished).
+    # overlap check above hold): the new primary may re-execute a release the old one had already
+    # applied and replicated, and the replay finds the holder gone. Where the node outlived the
+    # release, its tombstone tells the replay apart (test_elasticsearch_replayed_release.py); where
+    # that release deleted the node (its last holder and marker gone), nothing is left to tell a
+    # replay from a vanished grant, and the release reports LockLost. It must stay rare.
     assert lost <= 2, f"{lost} releases found their grant gone"
     # Fencing tokens across the primary change: proven by the grants made before and after it.
     assert results["term_after"] > results["term_before"]
     assert results["first_token_after"] > results["last_token_before"]
+    # The term is the token's high part; below it, the promoted replica continued the sequence.
+    sequence = (1 << TOKEN_TERM_SHIFT) - 1
+    assert results["first_token_after"] >> TOKEN_TERM_SHIFT == results["term_after"]
+    assert results["first_token_after"] & sequence > results["last_token_before"] & sequence
     assert results["held_kept"]
 
 
@@ -183,8 +190,9 @@ def test_primary_only_acknowledgement_can_lose_a_grant(config):
     While the node is down nothing is granted (the index is red: LockStoreBusy)
     and the holder is told its lock is lost once renewals failed for a lease.
     If the node's data is gone for good and an operator accepts the loss
-    (``allocate_empty_primary``), the acknowledged grant has vanished and
-    fencing tokens start again from the empty shard's sequence.
+    (``allocate_empty_primary``), the acknowledged grant has vanished; the
+    empty shard's sequence starts again, under a higher primary term, so
+    fencing tokens still increase.
     """
     from django_esdlock import lock_tree
 
@@ -225,7 +233,8 @@ def test_primary_only_acknowledgement_can_lose_a_grant(config):
         with pytest.raises(LockLost):
             lock.release()  # the holder is told
         again = lock_tree("/file", namespace="durability", timeout=5, backend=other).acquire()
-        assert again.token <= token, "tokens restart on an empty primary"
+        assert again.token > token, "tokens keep increasing through an empty primary (a higher term)"
+        assert again.token & ((1 << TOKEN_TERM_SHIFT) - 1) <= token & ((1 << TOKEN_TERM_SHIFT) - 1)  # sequence anew
         again.release()
         other.close()
     finally:
@@ -246,3 +255,44 @@ def test_lock_check_is_clean_when_nodes_fail_over(config, lock_check):
     assert summary["failover_problems"] == [], summary["failover_problems"]
     assert summary["grants"] >= 5 and summary["leftovers"] == 0
     assert any(e["type"] == "cluster_whole" for e in result.events)
+
+
+def _check_warnings(conf) -> list[str]:
+    """Run ``manage.py check --tag django_esdlock --fail-level WARNING`` with ``conf``; return the ids it reports."""
+    import io
+    import re
+
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+    from django.test import override_settings
+
+    with override_settings(LOCK_BACKEND=conf):
+        try:
+            call_command("check", tags=["django_esdlock"], fail_level="WARNING", stdout=io.StringIO())
+        except SystemCheckError as e:
+            return re.findall(r"\((django_esdlock\.[A-Z]\d+)\)", str(e))
+    return []
+
+
+def test_check_warns_about_a_lock_index_that_one_node_loss_would_empty(config):
+    """W005 on the live cluster: not for the default (3 copies, a majority), yes once the index keeps one copy."""
+    conf = config(ttl=5)
+    backend = load_backend(conf)
+    try:
+        backend.setup()
+        assert _check_warnings(conf) == []
+        # An operator takes the replicas away: the live index's settings are what check judges.
+        cluster.request(
+            f"/{backend.index}/_settings",
+            method="PUT",
+            body={"index": {"auto_expand_replicas": False, "number_of_replicas": 0}},
+        )
+        assert _check_warnings(conf) == ["django_esdlock.W005"]
+        # Created so from the start, by OPTIONS: the same warning.
+        alone = config(ttl=5, number_of_replicas=0)
+        other = load_backend(alone)
+        other.setup()
+        other.close()
+        assert _check_warnings(alone) == ["django_esdlock.W005"]
+    finally:
+        backend.close()

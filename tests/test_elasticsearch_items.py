@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_esdlock.backends.elasticsearch import read_acquire_items
+from django_esdlock.backends.elasticsearch import TOKEN_TERM_SHIFT, read_acquire_items
 from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 
@@ -24,10 +24,20 @@ def error(status, kind):
     return {"update": {"_id": "x", "status": status, "error": {"type": kind, "reason": "..."}}}
 
 
-def test_all_taken_token_is_highest_seq_no_plus_one():
+TERM_1 = 1 << TOKEN_TERM_SHIFT
+
+
+def test_all_taken_token_is_highest_seq_no_plus_one_under_the_primary_term():
     outcome = read_acquire_items(request(), [ok("created", 7), ok("updated", 9), ok("created", 8)])
     assert outcome.taken == [A, B, C] and not outcome.refused and not outcome.errors
-    assert outcome.token == 10
+    assert outcome.token == TERM_1 + 10
+
+
+def test_a_higher_primary_term_wins_over_a_higher_seq_no():
+    # An operator forced an empty primary: the sequence starts again, under a higher term.
+    before = read_acquire_items(request(), [ok("created", 7), ok("updated", 900), ok("created", 8)])
+    after = read_acquire_items(request(), [ok("created", 0, _primary_term=3)] + [ok("updated", 1, _primary_term=3)] * 2)
+    assert after.token > before.token
 
 
 def test_noop_is_a_refusal():
@@ -71,6 +81,6 @@ def test_reentrant_noop_on_own_node_is_not_a_refusal():
     theirs = {"get": {"_source": {"holders": [{"owner": {"key": "other/1"}, "mode": "X"}]}}}
     req = LockRequest("h1", OWNER, ((A, Mode.X), (B, Mode.X)), 30, reentrant=True)
     outcome = read_acquire_items(req, [ok("noop", 5, **mine), ok("created", 6)])
-    assert outcome.taken == [B] and not outcome.refused and outcome.token == 7
+    assert outcome.taken == [B] and not outcome.refused and outcome.token == TERM_1 + 7
     outcome = read_acquire_items(req, [ok("noop", 5, **theirs), ok("created", 6)])
     assert outcome.refused == [A]

@@ -106,7 +106,7 @@ ADDED_SINCE_VERSION_1 = ("waiting_until",)
 PROPERTIES_OF_VERSION_1 = {k: v for k, v in MAPPING["properties"].items() if k not in ADDED_SINCE_VERSION_1}
 
 # One primary shard: every write of a request lands on one shard, in order, and
-# its `_seq_no` (our fencing token) is one sequence for the whole lock index.
+# its `_seq_no` (with the primary term, our fencing token) is one sequence for the whole lock index.
 INDEX_SETTINGS: dict[str, Any] = {"number_of_shards": 1}
 
 DEFAULT_REPLICAS = "0-2"
@@ -143,6 +143,13 @@ BUSY_BACKOFF_CAP = 1.0
 
 UNDER_REPLICATED = "under_replicated"
 """The error type given to a write the cluster applied on fewer copies than ``wait_for_active_shards`` asked."""
+
+RELEASE_TOMBSTONE_MS = 60_000
+"""How long a node that outlives a release keeps its tombstone (see :func:`_released_here`): longer than a
+request can be re-executed after it was applied (the write timeout, a new primary, the client's resends)."""
+
+RELEASE_TOMBSTONES_KEPT = 16
+"""Release tombstones one node keeps at most, the newest: a hot shared node is not left to grow."""
 
 QUIET_RELEASE_RETRY = 1.0
 """Seconds an acquire that failed keeps trying to give back what it took; the lease ends the rest."""
@@ -189,7 +196,7 @@ def read_acquire_items(
     update or two upserts racing to create the node, after retry_on_conflict)
     wrote nothing: a refusal to retry, never a grant; a busy store's answer
     (429, 503) is neither, and goes to ``busy``. The token is the
-    highest ``_seq_no`` written, plus one (so the first token is 1): it exceeds
+    highest ``(_primary_term, _seq_no)`` written, as :func:`_token`: it exceeds
     the token of every grant released before any of these writes.
     """
     outcome = AcquireOutcome([], [], [], 0)
@@ -210,18 +217,35 @@ def read_acquire_items(
             outcome.refused.append(node)  # it left a waiting marker, not a holder
         elif result in ("created", "updated"):
             outcome.taken.append(node)
-            outcome.token = max(outcome.token, body["_seq_no"] + 1)
+            outcome.token = max(outcome.token, _token(body))
         elif (
             result == "noop"
             and request.reentrant
             and _own_hold(body.get("get", {}).get("_source"), request.owner.key, mode)
         ):
-            outcome.token = max(outcome.token, body.get("_seq_no", -1) + 1)
+            outcome.token = max(outcome.token, _token(body) if "_seq_no" in body else 0)
         elif result == "noop":
             outcome.refused.append(node)
         else:
             outcome.errors.append(f"{node}: unexpected result {result!r}")
     return outcome
+
+
+TOKEN_TERM_SHIFT = 40
+"""Bits of a fencing token below the primary term: the ``_seq_no`` part (see :func:`_token`)."""
+
+
+def _token(body: Mapping[str, Any]) -> int:
+    """Return the fencing token of a write: its primary term times 2**40, plus its ``_seq_no`` plus one.
+
+    A one-shard index's history is ordered by (primary term, sequence number):
+    a new primary continues the sequence under a higher term, and a primary
+    an operator forces empty (``allocate_empty_primary``) starts the sequence
+    again from 0, also under a higher term. With the term above the sequence,
+    tokens keep increasing through both (while the index has written fewer
+    than 2**40 operations). Deleting and recreating the index restarts them.
+    """
+    return (int(body.get("_primary_term") or 1) << TOKEN_TERM_SHIFT) + int(body["_seq_no"]) + 1
 
 
 def _merge(first: AcquireOutcome, second: AcquireOutcome) -> AcquireOutcome:
@@ -236,6 +260,24 @@ def _merge(first: AcquireOutcome, second: AcquireOutcome) -> AcquireOutcome:
 
 def _result(item: Mapping[str, Any]) -> str | None:
     return next(iter(item.values())).get("result")
+
+
+def _markers(source: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Return the waiting markers of a node's ``source``: its ``waiters`` but the release tombstones."""
+    return [w for w in source.get("waiters") or () if not w.get("released")]
+
+
+def _released_here(source: Mapping[str, Any], holder_id: str, owner_key: str | None) -> bool:
+    """Return True if ``source`` keeps the tombstone of ``holder_id`` released by ``owner_key`` (RELEASE wrote it).
+
+    Only a RELEASE that removed that holder with that owner key writes it, in
+    the same write: its presence proves the release was done, by that owner,
+    not an eviction, a reaper's take-over or a forced release (whose
+    tombstone's ``by`` is null).
+    """
+    return any(
+        w.get("released") and w.get("id") == holder_id and w.get("by") == owner_key for w in source.get("waiters") or ()
+    )
 
 
 def _busy(item: Mapping[str, Any]) -> bool:
@@ -904,7 +946,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 body = item["update"]
                 source = body.get("get", {}).get("_source") or {}
                 holder_ids = [h.get("id") for h in source.get("holders") or ()]
-                if body.get("result") == "updated" and holder_ids == [holder_id] and not source.get("waiters"):
+                if body.get("result") == "updated" and holder_ids == [holder_id] and not _markers(source):
                     versions[node.id] = (body["_seq_no"], body["_primary_term"])
                 else:
                     versions.pop(node.id, None)
@@ -970,7 +1012,12 @@ class ElasticsearchLockBackend(BaseLockBackend):
             return True
         # Quiet, the caller is failing already: a short try, and the lease ends what it leaves.
         retry_for = QUIET_RELEASE_RETRY if quiet else None
-        params = {"holder_id": holder_id, "owner_key": owner_key}
+        params = {
+            "holder_id": holder_id,
+            "owner_key": owner_key,
+            "tombstone_ms": RELEASE_TOMBSTONE_MS,
+            "tombstones_kept": RELEASE_TOMBSTONES_KEPT,
+        }
         operations: list[dict[str, Any]] = []
         for node in nodes:
             if node.id in sole:
@@ -996,16 +1043,47 @@ class ElasticsearchLockBackend(BaseLockBackend):
         self._note_existing([], deleted + [node for node, item in scripted if _result(item) == "deleted"])
         all_there = True
         failures = []
+        noops = []
         for node, item in scripted:
             body = item["update"]
             if body.get("result") in ("updated", "deleted"):
                 continue
-            all_there = all_there and bool(resent) and body.get("status") in (None, 200, 404)
             if body.get("status") not in (None, 200, 404):
                 failures.append(f"{node}: {body.get('error')}")
+                all_there = False
+            elif resent:
+                continue  # our own first send may have done it
+            elif body.get("result") == "noop":
+                noops.append(node)  # holder not here: released by us already (a replay), or lost
+            else:
+                all_there = False  # node gone (404): undecidable, see _released_steps
         if failures and not quiet:
             raise LockBackendUnavailable(f"Elasticsearch failed to release: {'; '.join(failures)}")
+        if noops and all_there:
+            all_there = yield from self._released_steps(holder_id, owner_key, noops)
         return all_there
+
+    def _released_steps(self, holder_id: str, owner_key: str | None, nodes: Sequence[Node]) -> Steps[bool]:
+        """Return True if each of ``nodes`` keeps the tombstone of ``holder_id``'s release by ``owner_key``.
+
+        Elasticsearch re-executes a write on the new primary when the old one
+        failed before answering, even if it had applied and replicated the
+        write: a release replayed so finds its holder gone (a no-op). The
+        tombstone RELEASE leaves on a node that stays tells that replay from a
+        lock lost to an eviction, a take-over or a forced release. A node the
+        first execution deleted (its last holder and marker gone) keeps no
+        tombstone: a replay that finds it gone (404) is reported lost, as is a
+        lost lock.
+        """
+        docs = [{"_index": self.index_of(node.namespace), "_id": node.id} for node in nodes]
+        try:
+            answer = yield from self._call_steps("read released lock nodes", _Api("mget", {"docs": docs}))
+        except LockBackendUnavailable:
+            return False  # unproven: reported lost
+        return all(
+            doc.get("found") and _released_here(doc.get("_source") or {}, holder_id, owner_key)
+            for doc in answer["docs"]
+        )
 
     def renew(
         self,
@@ -1029,7 +1107,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         self, grant: Grant, checkpoint: dict[str, Any] | None, recovery: dict[str, Any] | None
     ) -> Steps[bool]:
         params = renew_params(grant, checkpoint, recovery)
-        fields = ["holders.id", "waiters.id"]
+        fields = ["holders.id", "waiters.id", "waiters.released"]
         operations = [op for node in grant.taken for op in self._scripted(node, scripts.RENEW, params, fields=fields)]
         if not operations:
             return True
@@ -1204,7 +1282,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         chosen = [
             hit
             for hit in hits
-            if not hit["_source"].get("waiters") and not any(h.get("intent") for h in hit["_source"]["holders"])
+            if not _markers(hit["_source"]) and not any(h.get("intent") for h in hit["_source"]["holders"])
         ]
         if not chosen:
             return []
@@ -1225,7 +1303,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         for record in found:
             by_node.setdefault(record.node, []).append(record)
         params = {"grace_ms": grace_ms}
-        fields = ["holders.id", "waiters.id"]
+        fields = ["holders.id", "waiters.id", "waiters.released"]
         operations = [op for node in by_node for op in self._scripted(node, scripts.EVICT, params, fields=fields)]
         items = self._bulk(operations, "evict expired holders")
         evicted: list[HolderRecord] = []
@@ -1237,7 +1315,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
             source = body.get("get", {}).get("_source") or {}
             left = {h["id"] for h in source.get("holders") or ()}
             evicted.extend(r for r in records if r.holder_id not in left)
-            if not left and not source.get("waiters"):
+            if not left and not _markers(source):
                 emptied.append(self._delete_unchanged(body["_index"], node.id, body["_seq_no"], body["_primary_term"]))
         if emptied:
             self._bulk(emptied, "delete emptied lock nodes")  # a 409 means someone took the node since: keep it
@@ -1332,12 +1410,12 @@ class ElasticsearchLockBackend(BaseLockBackend):
         (item,) = self._bulk(operations([arbiter], arbiter.owner.get("key")), "take a holder over")
         if item["update"].get("result") != "updated":
             return None
-        token = item["update"]["_seq_no"] + 1
+        token = _token(item["update"])
         others = [r for r in records if r is not arbiter]
         if others:
             for item in self._bulk(operations(others, None), "take a holder over"):
                 if item["update"].get("result") == "updated":
-                    token = max(token, item["update"]["_seq_no"] + 1)
+                    token = max(token, _token(item["update"]))
         return Grant(request=request, token=token, taken=tuple(r.node for r in records))
 
     # --- checks ---------------------------------------------------------------

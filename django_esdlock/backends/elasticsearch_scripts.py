@@ -71,23 +71,29 @@ _VIEWS = """
   ctx._source.modes = modes;
 """
 
-# Keeps the live waiting markers (except params.holder_id's) in `waiters`.
+# Keeps the live entries of `waiters` (except params.holder_id's) in `waiters`,
+# and counts in `markers` those that are waiting markers, not release tombstones.
 _LIVE_WAITERS = """
 List waiters = new ArrayList();
+int markers = 0;
 if (ctx._source.waiters != null) {
   for (def w : ctx._source.waiters) {
     long waitUntil = w.expires_at;
     if (waitUntil > now && w.id != params.holder_id) {
       waiters.add(w);
+      if (w.released == null) {
+        markers++;
+      }
     }
   }
 }
 """
 
-# Writes `kept` and `waiters` back, or deletes the node when both are empty.
+# Writes `kept` and `waiters` back, or deletes the node when no holder and no
+# waiting marker is left (release tombstones do not keep a node).
 _STORE_OR_DELETE = (
     """
-if (kept.isEmpty() && waiters.isEmpty()) {
+if (kept.isEmpty() && markers == 0) {
   ctx.op = 'delete';
 } else {
   ctx._source.waiters = waiters;
@@ -116,6 +122,10 @@ ACQUIRE = (
 // request's owner (the wait-for graph of deadlock detection), and
 // `waiting_until` lets a search find nodes with live markers: it is the
 // expiry of the latest marker written, so at least as late as any left.
+//
+// A release tombstone of params.holder.id (a give-back of this same request)
+// is dropped: a tombstone never stands beside its holder, so it proves only
+// the release that wrote it (see RELEASE).
 long now = ctx._now;
 List kept = new ArrayList();
 boolean refused = false;
@@ -144,7 +154,9 @@ if (ctx._source.waiters != null) {
   for (def w : ctx._source.waiters) {
     long waitUntil = w.expires_at;
     if (w.id == params.holder.id) {
-      markedUntil = waitUntil;
+      if (w.released == null) {
+        markedUntil = waitUntil;
+      }
     } else if (waitUntil > now) {
       waiters.add(w);
       if (!inside && params.conflicts.contains(w.mode)) {
@@ -204,6 +216,12 @@ RELEASE = (
 // chapter's release does. A no-op when the holder is not here, or was taken
 // over by a reaper (its owner is no longer params.owner_key, unless that is
 // null: a forced release).
+//
+// A node that stays keeps a release tombstone in `waiters` for
+// params.tombstone_ms ({id, released: true, by: params.owner_key}; the newest
+// params.tombstones_kept at most): a release that Elasticsearch re-executes on
+// a new primary after the old one applied it finds its holder gone, and the
+// backend reads the tombstone to tell its own release from a lost lock.
 long now = ctx._now;
 List kept = new ArrayList();
 boolean removed = false;
@@ -220,7 +238,25 @@ for (def h : ctx._source.holders) {
     + """
 if (!removed) {
   ctx.op = 'none';
-} else {
+} else if (!kept.isEmpty() || markers > 0) {
+  int drop = waiters.size() - markers - params.tombstones_kept + 1;
+  List entries = new ArrayList();
+  for (def w : waiters) {
+    if (w.released != null && drop > 0) {
+      drop--;
+    } else {
+      entries.add(w);
+    }
+  }
+  Map tombstone = new HashMap();
+  tombstone.id = params.holder_id;
+  tombstone.released = true;
+  tombstone.by = params.owner_key;
+  tombstone.expires_at = now + params.tombstone_ms;
+  entries.add(tombstone);
+  waiters = entries;
+}
+if (removed) {
 """
     + _STORE_OR_DELETE
     + """
@@ -236,7 +272,7 @@ long now = ctx._now;
 boolean had = false;
 if (ctx._source.waiters != null) {
   for (def w : ctx._source.waiters) {
-    if (w.id == params.holder_id) {
+    if (w.id == params.holder_id && w.released == null) {
       had = true;
     }
   }
