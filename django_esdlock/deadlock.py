@@ -8,12 +8,15 @@ unless the waiter's own owner holds the node). An owner that itself waits
 makes these edges a chain; a chain back to where it began is a deadlock: no
 member can move until one gives up.
 
-Every member of a cycle looks for it and each picks the same victim (the
-youngest request: the largest ticket), so exactly one gives up; the others
-go on waiting. The victim confirms the cycle on a second read first: every
-holder and marker of the cycle was there in both reads (holder ids are never
-reused, a granted request never waits again), so at the start of the second
-read the whole cycle stood at once, and a deadlock does not undo itself.
+Every member of a cycle that holds a lock looks for it and each picks the
+same victim (the youngest request, whose owner holds a lock: see
+``Cycle.victim``), so exactly one gives up; the others go on waiting. A
+request whose owner holds nothing is never the victim and never looks: a
+crowd contending for one lock costs no detection at all. The victim
+confirms the cycle on a second read first: every holder and marker of the
+cycle was there in both reads (holder ids are never reused, a granted
+request never waits again), so at the start of the second read the whole
+cycle stood at once, and a deadlock does not undo itself.
 """
 
 from __future__ import annotations
@@ -137,7 +140,13 @@ class Cycle:
 
     @property
     def victim(self) -> WaitingRequest:
-        """The member that gives up: the youngest request (largest ticket; then the largest holder id)."""
+        """The member that gives up: the youngest request (largest ticket; then the largest holder id).
+
+        Its owner holds a lock: a member that is only queued behind (waited
+        for by an edge through its marker) is older than the request queued
+        behind it, so the youngest is waited for as a holder. A request whose
+        owner holds nothing is therefore never a victim and need not look.
+        """
         return max(self.requests, key=lambda r: (r.ticket, r.holder_id))
 
     @property

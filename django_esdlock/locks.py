@@ -206,7 +206,8 @@ class BaseLock:
         """Try, wait and try again until granted or the timeout; return the grant and when its try began."""
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         attempt = busy_attempt = 0
-        deadlock_timeout = backend.deadlock_timeout
+        # An owner that holds nothing is never a deadlock's victim (see deadlock.Cycle.victim): no look.
+        deadlock_timeout = backend.deadlock_timeout if _registry.of_current_holder() else None
         next_look: float | None = None
         while True:
             started = time.monotonic()

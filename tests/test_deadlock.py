@@ -150,6 +150,20 @@ def test_cycles_have_one_victim_each_chains_none_and_nothing_is_left_held(lock_c
     assert backend.wait_state().waiters == ()
 
 
+def test_a_request_whose_owner_holds_nothing_never_looks(backend):
+    looks = []
+    backend.deadlock_timeout = 0.05
+    backend.wait_state = lambda nodes=None: looks.append(nodes)  # never called, or the test fails
+    with lock_tree("/a", namespace=NAMESPACE, backend=backend):
+        waiter = threading.Thread(
+            target=lambda: outcome.append(_try(lock_tree("/a", namespace=NAMESPACE, backend=backend, timeout=0.5)))
+        )
+        outcome: list = []
+        waiter.start()
+        waiter.join(30)
+    assert outcome == [LockTimeout] and looks == []
+
+
 def test_async_tasks_in_a_cycle_one_gives_up(backend):
     backend.deadlock_timeout = DEADLOCK_TIMEOUT
 
@@ -182,10 +196,13 @@ def test_a_store_that_cannot_list_waiters_is_asked_once_and_waiting_goes_on(djan
     with django_db_blocker.unblock(), sqlite_store() as config:
         backend = Blind(**config["OPTIONS"])
         backend.deadlock_timeout = 0.1
+
+        def holding_and_waiting() -> None:  # an owner that holds nothing would never look
+            with lock_tree("/z", backend=backend):
+                outcome.append(_try(lock_tree("/a/b", backend=backend, timeout=1)))
+
         with lock_tree("/a", backend=backend):
-            waiting = threading.Thread(
-                target=lambda: outcome.append(_try(lock_tree("/a/b", backend=backend, timeout=1)))
-            )
+            waiting = threading.Thread(target=holding_and_waiting)
             outcome: list = []
             waiting.start()
             waiting.join(30)

@@ -72,10 +72,12 @@ def test_a_waiter_queued_behind_an_earlier_marker_waits_for_its_owner_unless_it_
         holds("C", "/q", Mode.IS),
         waits("B", "/q", Mode.X, ticket=1),
         waits("A", "/q", Mode.IS, ticket=2),
-        waits("B", "/a", Mode.X, ticket=1, request="r-B"),
+        waits("B", "/a", Mode.X, ticket=1),
     )
     cycle = find_cycle(s, "r-A")
     assert cycle is not None and any(e.queued for e in cycle.edges)
+    # B, only queued behind, is older than A: the victim is A, whose owner holds /a.
+    assert cycle.victim.holder_id == "r-A" == find_cycle(s, "r-B").victim.holder_id
     # The same, but A holds /q already: the store lets it past the queue.
     s2 = state(*s.holders, holds("A", "/q", Mode.IS), *s.waiters)
     assert find_cycle(s2, "r-A") is None
