@@ -76,9 +76,12 @@ class WaitingRequest:
     markers: tuple[WaiterRecord, ...]
 
     def describe(self) -> str:
-        owner = self.owner
-        who = f"{owner.get('host', '?')} pid {owner.get('pid', '?')} {owner.get('thread_name', '')}".strip()
-        return f"request {self.holder_id[:12]} of {who}"
+        return f"request {self.holder_id[:12]} of {owner_label(self.owner)}"
+
+
+def owner_label(owner: Mapping[str, Any]) -> str:
+    """Return an owner as people read it: host, pid and thread name."""
+    return f"{owner.get('host', '?')} pid {owner.get('pid', '?')} {owner.get('thread_name', '')}".strip()
 
 
 def wait_edges(state: WaitState) -> list[WaitEdge]:

@@ -7,13 +7,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .deadlock import Cycle, WaitEdge, WaitingRequest, cycles, wait_edges, waiting_requests
+from .deadlock import Cycle, WaitEdge, WaitingRequest, cycles, owner_label, wait_edges, waiting_requests
 from .records import WaitState
-
-
-def owner_label(owner: Mapping[str, Any]) -> str:
-    """Return an owner as the admin shows it: host, pid and thread name."""
-    return f"{owner.get('host', '?')} pid {owner.get('pid', '?')} {owner.get('thread_name', '')}".strip()
 
 
 def request_dict(request: WaitingRequest) -> dict[str, Any]:
@@ -23,10 +18,7 @@ def request_dict(request: WaitingRequest) -> dict[str, Any]:
         "holder_id": request.holder_id,
         "owner": dict(request.owner),
         "since": first.since.isoformat(),
-        "waits_for": [
-            {"namespace": m.node.namespace, "kind": m.node.kind.value, "path": m.node.key, "mode": m.mode.value}
-            for m in request.markers
-        ],
+        "waits_for": [{**m.node.as_dict(), "mode": m.mode.value} for m in request.markers],
         "expires_at": max(m.expires_at for m in request.markers).isoformat(),
     }
 
