@@ -8,13 +8,40 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
+import uuid
 
 from celery import Celery
+from kombu.transport import filesystem
+from kombu.utils.json import dumps
 
 from django_esdlock import LockUnavailable, locked
 
 QUEUE = "esdlock-tests"
+
+
+class AtomicChannel(filesystem.Channel):
+    """kombu's filesystem channel, writing each message whole before it appears.
+
+    kombu creates the message file, then locks and writes it: a consumer that
+    moves and reads it in between reads an empty message and the worker dies
+    (JSONDecodeError; seen in CI). Here the message is written under a name the
+    consumer skips and renamed into place (atomic on one file system).
+    """
+
+    def _put(self, queue, payload, **kwargs):
+        staging = os.path.join(self.data_folder_out, f".staging-{os.getpid()}")
+        os.makedirs(staging, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=staging, delete=False) as f:
+            f.write(dumps(payload))
+        name = f"{round(time.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        os.replace(f.name, os.path.join(self.data_folder_out, name))
+
+
+class AtomicTransport(filesystem.Transport):
+    Channel = AtomicChannel
+
 
 app = Celery("esdlock_tests")
 
@@ -26,6 +53,7 @@ def configure(directory: str) -> None:
         os.makedirs(path, exist_ok=True)
     app.conf.update(
         broker_url="filesystem://",
+        broker_transport=f"{__name__}:AtomicTransport",
         broker_transport_options={
             "data_folder_in": messages,
             "data_folder_out": messages,
