@@ -286,11 +286,12 @@ def _handoff_worker(config, tickets, done, inside, violations) -> int:
     return claimed
 
 
-def _contender(config, stop, inside, violations) -> int:
+def _contender(config, stop, inside, violations, ready) -> int:
     """Take the same path again and again, waiting for it; count the times anyone else was inside."""
     _use(config)
     from django_esdlock import lock_tree
 
+    ready.set()
     taken = 0
     while not stop.is_set():
         with lock_tree("/clinton/README.txt", namespace="fs", timeout=30):
@@ -306,11 +307,17 @@ def _contender(config, stop, inside, violations) -> int:
 def test_no_process_slips_in_between_view_and_worker(lock_config, backend):
     tickets, done = SPAWN.Queue(), SPAWN.Queue()
     inside, violations, stop = SPAWN.Value("q", 0), SPAWN.Value("q", 0), SPAWN.Event()
+    ready = SPAWN.Event()
     workers = [(lock_config, tickets, done, inside, violations)]
     with (
         spawned(_handoff_worker, workers) as worker,
-        spawned(_contender, [(lock_config, stop, inside, violations)]) as contender,
+        spawned(_contender, [(lock_config, stop, inside, violations, ready)]) as contender,
     ):
+        # On a loaded machine the rounds could all end before the contender has started.
+        deadline = time.monotonic() + 60
+        while not ready.wait(0.2):
+            contender.check()
+            assert time.monotonic() < deadline, "the contender did not start within 60 s"
         for round_ in range(HANDOFF_ROUNDS):
             with lock_tree("/clinton/README.txt", namespace="fs", timeout=30, backend=backend) as view:
                 inside.value += 1
