@@ -118,7 +118,7 @@ def _waiting_rows(graph: WaitGraph) -> list[dict[str, Any]]:
         edges = [
             {
                 "edge": e,
-                "blocker_owner": owner_label(graph.owners.get(e.blocker, {})) or e.blocker_owner,
+                "blocker_owner": graph.blocker_label(e),
                 "blocker_waits": waiting_of.get(e.blocker_owner),
                 "cycle": e.key in in_cycle,
             }
@@ -153,7 +153,7 @@ def _cycle_rows(graph: WaitGraph) -> list[dict[str, Any]]:
                     "request": r,
                     "owner": owner_label(r.owner),
                     "edge": e,
-                    "blocker_owner": owner_label(graph.owners.get(e.blocker, {})) or e.blocker_owner,
+                    "blocker_owner": graph.blocker_label(e),
                 }
                 for r, e in zip(cycle.requests, cycle.edges, strict=True)
             ],

@@ -54,6 +54,11 @@ class WaitGraph:
         owners.update((w.holder_id, w.owner) for w in state.waiters)
         return cls(tuple(requests), tuple(edges), tuple(found), owners)
 
+    def blocker_label(self, edge: WaitEdge) -> str:
+        """Return who ``edge`` waits for as people read it (the owner key when the owner's fields are unknown)."""
+        owner = self.owners.get(edge.blocker)
+        return owner_label(owner) if owner else edge.blocker_owner
+
     @property
     def cycle_edges(self) -> frozenset[tuple[Any, ...]]:
         """The keys (:attr:`WaitEdge.key`) of the edges that are part of some cycle."""

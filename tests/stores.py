@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 from django_esdlock.noida import elasticsearch_url, free_port, local_elasticsearch
 
@@ -34,3 +35,17 @@ def es_store(url: str, *, ttl: float = 30.0) -> Iterator[dict]:
         backend = load_backend(config)
         backend.client.options(ignore_status=404).indices.delete(index=config["OPTIONS"]["index"])
         backend.close()
+
+
+@contextlib.contextmanager
+def es_backend(url: str) -> Iterator[Any]:
+    """Yield a backend on a fresh lock index, set up; close it and delete the index after."""
+    from django_esdlock.conf import load_backend
+
+    with es_store(url) as config:
+        backend = load_backend(config)
+        backend.setup()
+        try:
+            yield backend
+        finally:
+            backend.close()

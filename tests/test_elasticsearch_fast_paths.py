@@ -9,12 +9,11 @@ import uuid
 import pytest
 
 from django_esdlock.backends.elasticsearch import STALE_MARGIN_S
-from django_esdlock.conf import load_backend
 from django_esdlock.modes import Mode
 from django_esdlock.reaper import Reaper
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 
-from .stores import es_store
+from .stores import es_backend
 
 OWNER = Owner.current()
 HOUR_MS = 3_600_000
@@ -22,11 +21,8 @@ HOUR_MS = 3_600_000
 
 @pytest.fixture
 def backend(es_url):
-    with es_store(es_url) as config:
-        backend = load_backend(config)
-        backend.setup()
+    with es_backend(es_url) as backend:
         yield backend
-        backend.close()
 
 
 def tree(*targets):

@@ -14,22 +14,18 @@ import uuid
 import pytest
 
 from django_esdlock.backends.elasticsearch import RELEASE_TOMBSTONES_KEPT
-from django_esdlock.conf import load_backend
 from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 
-from .stores import es_store
+from .stores import es_backend
 
 OWNER = Owner.current()
 
 
 @pytest.fixture
 def backend(es_url):
-    with es_store(es_url) as config:
-        backend = load_backend(config)
-        backend.setup()
+    with es_backend(es_url) as backend:
         yield backend
-        backend.close()
 
 
 def shared(path, ttl=30.0):

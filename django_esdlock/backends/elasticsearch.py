@@ -371,7 +371,7 @@ def _wait_state(sources: Sequence[Mapping[str, Any]], now_ms: int) -> WaitState:
     waiters: list[WaiterRecord] = []
     holders: list[HolderRecord] = []
     for source in sources:
-        live = [w for w in source.get("waiters") or () if w.get("expires_at", 0) > now_ms and w.get("ticket")]
+        live = [w for w in _markers(source) if w.get("expires_at", 0) > now_ms]
         if not live:
             continue
         node = Node(source["namespace"], Kind(source["kind"]), source["key"])

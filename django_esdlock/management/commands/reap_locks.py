@@ -151,5 +151,5 @@ class Command(BaseCommand):
                 what = "queued behind waiting request" if edge.queued else "held by"
                 self.stdout.write(
                     f"  {edge.waiter} waits for {edge.mode} on {edge.node}, {what} {edge.blocker} "
-                    f"({edge.blocker_mode}, owner {owner_label(graph.owners.get(edge.blocker, {}))})"
+                    f"({edge.blocker_mode}, owner {graph.blocker_label(edge)})"
                 )
