@@ -197,6 +197,7 @@ class BaseLock:
             # waiting): its markers make newcomers wait behind it at once, so
             # its wait is bounded by the holds already there when it came.
             ticket=None if self.timeout == 0 else time.time_ns(),
+            holds_others=bool(_registry.of_current_holder()),
         )
         return backend, request
 
@@ -207,7 +208,7 @@ class BaseLock:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         attempt = busy_attempt = 0
         # An owner that holds nothing is never a deadlock's victim (see deadlock.Cycle.victim): no look.
-        deadlock_timeout = backend.deadlock_timeout if _registry.of_current_holder() else None
+        deadlock_timeout = backend.deadlock_timeout if request.holds_others else None
         next_look: float | None = None
         while True:
             started = time.monotonic()
@@ -226,7 +227,7 @@ class BaseLock:
                 raise LockUnavailable(f"{self._describe()} is held in a conflicting mode")
             if remaining <= 0:
                 raise LockTimeout(f"{self._describe()} stayed unavailable for {self.timeout:g}s")
-            pause = min(remaining, backend.queued_poll_cap)
+            pause = min(remaining, backend.queued_poll_interval(request))
             if deadlock_timeout is not None:
                 # Look for a cycle once this request has waited deadlock_timeout, and each period after.
                 if next_look is None:

@@ -164,6 +164,9 @@ class LockRequest:
     costs fairness at worst, never safety; a request without a ticket
     (``timeout=0``) is refused by every marker in a conflicting mode.
     """
+    holds_others: bool = False
+    """The owner held other locks when it asked. Only then can a deadlock run through its markers, which
+    must name it; an owner that holds nothing waits for this request alone, and the request stands for it."""
 
     @property
     def ttl_ms(self) -> int:
@@ -229,7 +232,9 @@ class WaiterRecord:
     mode: Mode
     holder_id: str
     owner: Mapping[str, Any]
-    """The owner's fields as holders record them (``key`` among them); empty for a marker of an older release."""
+    """Who waits: the owner's fields as holders record them; on Elasticsearch, whose markers are kept small,
+    ``host``, ``pid``, ``thread_name`` and, when it held other locks, ``key``. Empty for a marker of an older
+    release."""
     ticket: int
     """The request's queue position: when it started, in ns since the epoch (the waiting host's clock)."""
     expires_at: datetime.datetime

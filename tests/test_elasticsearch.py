@@ -10,8 +10,10 @@ from django.test import override_settings
 
 from django_esdlock.backends.elasticsearch import MAPPING, PROPERTIES_OF_VERSION_1, ElasticsearchLockBackend
 from django_esdlock.conf import load_backend
-from django_esdlock.records import Kind, Node, WaitState
+from django_esdlock.modes import Mode
+from django_esdlock.records import Kind, LockRequest, Node, WaitState
 
+from . import waiting_state
 from .contract import LockBackendContract
 from .listing_contract import ListingContract
 from .reaper_contract import ReaperContract
@@ -62,6 +64,47 @@ def test_reading_the_waiting_requests_creates_no_index(lock_config):
     node = Node("default", Kind.TREE, "/a")
     assert backend.wait_state() == backend.wait_state([node]) == WaitState((), ())
     assert not backend.client.indices.exists(index=index)
+
+
+def _waiting_request(name: str, *, ticket: int, holds_others: bool = False) -> LockRequest:
+    owner = waiting_state.owner(name)
+    return LockRequest(f"{name}-waits", owner, ((NODE, Mode.X),), 30, ticket=ticket, holds_others=holds_others)
+
+
+NODE = Node("default", Kind.TREE, "/hot")
+
+
+def test_a_waiting_marker_keeps_only_who_waits(lock_config):
+    """A busy node keeps one marker per waiting request and every write rewrites them all: markers stay small."""
+    backend = load_backend(lock_config)
+    waiting_state.hold(backend, "holder", NODE.key, namespace=NODE.namespace)
+    assert backend.acquire(_waiting_request("alone", ticket=1)) is None
+    assert backend.acquire(_waiting_request("nested", ticket=2, holds_others=True)) is None
+    source = backend.client.get(index=backend.index_of(NODE.namespace), id=NODE.id)["_source"]
+    alone, nested = sorted(source["waiters"], key=lambda w: w["ticket"])
+    who = {"host", "pid", "thread_name"}
+    assert set(alone) == {"id", "mode", "ticket", "expires_at"} | who
+    # Only an owner that holds other locks can be in a deadlock: its marker names it.
+    assert set(nested) == {"id", "mode", "ticket", "expires_at", "owner"} | who
+    assert nested["owner"] == waiting_state.owner("nested").key
+    # The wait-for graph reads both: the one without a key stands for its own owner.
+    state = backend.wait_state([NODE])
+    owners = {w.holder_id: (w.owner_key, w.owner["thread_name"]) for w in state.waiters}
+    assert owners == {"alone-waits": ("?alone-waits", "alone"), "nested-waits": (nested["owner"], "nested")}
+
+
+def test_a_request_far_back_in_a_queue_polls_less_often_than_its_head(lock_config):
+    backend = load_backend(lock_config)
+    waiting_state.hold(backend, "holder", NODE.key, namespace=NODE.namespace)
+    queue = [_waiting_request(f"w{i}", ticket=i) for i in range(1, 6)]
+    for request in queue:
+        assert backend.acquire(request) is None
+    for request in queue:  # each tries again: the store tells it its place
+        assert backend.acquire(request) is None
+    intervals = [backend.queued_poll_interval(r) for r in queue]
+    assert intervals[0] == backend.queued_poll_cap  # the head: the next release is its
+    assert intervals == sorted(intervals) and intervals[-1] > intervals[0]
+    assert intervals[-1] <= backend.marker_ttl / 3  # its polls still keep its marker alive
 
 
 def test_construction_makes_no_request():

@@ -22,10 +22,15 @@ def hold(backend, name: str, path: str, mode: Mode = Mode.X, *, namespace: str =
     return request.holder_id
 
 
-def wait(backend, name: str, path: str, mode: Mode = Mode.X, *, ticket: int, namespace: str = "fs") -> str:
-    """Send a request that is refused and leaves its waiting marker (the request itself does not try again)."""
+def wait(
+    backend, name: str, path: str, mode: Mode = Mode.X, *, ticket: int, namespace: str = "fs", holds: bool = False
+) -> str:
+    """Send a request that is refused and leaves its waiting marker (the request itself does not try again).
+
+    ``holds``: the owner holds other locks, as the API tells the store (``LockRequest.holds_others``).
+    """
     node = Node(namespace, Kind.TREE, path)
-    request = LockRequest(f"{name}-waits", owner(name), ((node, mode),), 60, ticket=ticket)
+    request = LockRequest(f"{name}-waits", owner(name), ((node, mode),), 60, ticket=ticket, holds_others=holds)
     assert backend.acquire(request) is None
     return request.holder_id
 
@@ -39,8 +44,8 @@ def leave_a_deadlock(backend) -> str:
     now = time.time_ns()
     hold(backend, "alice", "/a")
     hold(backend, "bob", "/b")
-    wait(backend, "alice", "/b", ticket=now - 1_000_000_000)
-    return wait(backend, "bob", "/a", ticket=now)  # the younger request: the victim
+    wait(backend, "alice", "/b", ticket=now - 1_000_000_000, holds=True)
+    return wait(backend, "bob", "/a", ticket=now, holds=True)  # the younger request: the victim
 
 
 class NoWaitStateBackend(DatabaseLockBackend):

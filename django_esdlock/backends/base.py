@@ -38,6 +38,10 @@ class BaseLockBackend(abc.ABC):
     Stores that wake waiters on release poll less often.
     """
 
+    def queued_poll_interval(self, request: LockRequest) -> float:
+        """Return the longest pause between two attempts of the refused, queued ``request``."""
+        return self.queued_poll_cap
+
     marker_ttl: float = 3.0
     """Seconds a waiting marker lasts unless its request tries again (it must outlast a backoff step)."""
 
@@ -189,7 +193,7 @@ class BaseLockBackend(abc.ABC):
         The default sleeps a capped exponential backoff step with jitter;
         stores that can notify override it.
         """
-        time.sleep(min(timeout, backoff_delay(attempt)))
+        time.sleep(min(timeout, backoff_delay(attempt, cap=max(timeout, BACKOFF_CAP))))
 
     # --- the async twins ---------------------------------------------------
     #
@@ -250,7 +254,7 @@ class BaseLockBackend(abc.ABC):
 
     async def await_release(self, request: LockRequest, timeout: float, attempt: int) -> None:
         """Async :meth:`wait`, for the refused ``request``: by default a backoff step on the event loop."""
-        await asyncio.sleep(min(timeout, backoff_delay(attempt)))
+        await asyncio.sleep(min(timeout, backoff_delay(attempt, cap=max(timeout, BACKOFF_CAP))))
 
     def setup(self) -> None:
         """Create what the store needs (index, tables); safe to call again."""

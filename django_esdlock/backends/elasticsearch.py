@@ -171,6 +171,8 @@ class AcquireOutcome:
     token: int
     busy: list[str] = dataclasses.field(default_factory=list)
     """Items the store turned away for now (429, 503): neither granted nor refused."""
+    ahead: int = 0
+    """Of a refused waiting request: the most waiting requests queued before it on one of its nodes."""
 
 
 def _own_hold(source: Mapping[str, Any] | None, owner_key: str, mode: str) -> bool:
@@ -182,6 +184,16 @@ def _own_hold(source: Mapping[str, Any] | None, owner_key: str, mode: str) -> bo
 
 def _holds(source: Mapping[str, Any] | None, holder_id: str) -> bool:
     return any(holder.get("id") == holder_id for holder in (source or {}).get("holders") or ())
+
+
+def _queued_before(source: Mapping[str, Any] | None, ticket: int, mode: modes.Mode) -> int:
+    """Count the waiting markers in ``source`` that queue before a request of ``ticket`` for ``mode``."""
+    conflicts = {m.value for m in modes.conflicting(mode)}
+    return sum(
+        1
+        for w in (source or {}).get("waiters") or ()
+        if w.get("ticket") is not None and w["ticket"] < ticket and w.get("mode") in conflicts
+    )
 
 
 def read_acquire_items(
@@ -215,6 +227,7 @@ def read_acquire_items(
         source = body.get("get", {}).get("_source")
         if result in ("created", "updated") and request.ticket is not None and not _holds(source, request.holder_id):
             outcome.refused.append(node)  # it left a waiting marker, not a holder
+            outcome.ahead = max(outcome.ahead, _queued_before(source, request.ticket, mode))
         elif result in ("created", "updated"):
             outcome.taken.append(node)
             outcome.token = max(outcome.token, _token(body))
@@ -226,6 +239,8 @@ def read_acquire_items(
             outcome.token = max(outcome.token, _token(body) if "_seq_no" in body else 0)
         elif result == "noop":
             outcome.refused.append(node)
+            if request.ticket is not None:
+                outcome.ahead = max(outcome.ahead, _queued_before(source, request.ticket, mode))
         else:
             outcome.errors.append(f"{node}: unexpected result {result!r}")
     return outcome
@@ -255,6 +270,7 @@ def _merge(first: AcquireOutcome, second: AcquireOutcome) -> AcquireOutcome:
         first.errors + second.errors,
         max(first.token, second.token),
         first.busy + second.busy,
+        max(first.ahead, second.ahead),
     )
 
 
@@ -366,6 +382,28 @@ def _records(source: Mapping[str, Any], holders: Sequence[Mapping[str, Any]] | N
     ]
 
 
+MARKER_OWNER_FIELDS = ("host", "pid", "thread_name")
+"""What a waiting marker records of its owner beside the key: what people read (``deadlock.owner_label``)."""
+
+
+def _marker_fields(request: LockRequest) -> dict[str, Any]:
+    """Return the owner fields a waiting marker of ``request`` records, flat (see ACQUIRE)."""
+    owner = request.owner.as_dict()
+    fields = {name: owner[name] for name in MARKER_OWNER_FIELDS}
+    if request.holds_others:
+        fields["owner"] = request.owner.key
+    return fields
+
+
+def _marker_owner(marker: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Return who waits, as a marker records it: the owner's key (when it held other locks) and labels."""
+    owner = marker.get("owner")
+    if isinstance(owner, Mapping):  # a marker of an earlier release: the owner's fields
+        return owner
+    fields = {name: marker[name] for name in MARKER_OWNER_FIELDS if name in marker}
+    return {**fields, "key": owner} if owner else fields
+
+
 def _wait_state(sources: Sequence[Mapping[str, Any]], now_ms: int) -> WaitState:
     """The live markers of node documents and the holders that block there (live, or awaiting recovery)."""
     waiters: list[WaiterRecord] = []
@@ -378,7 +416,7 @@ def _wait_state(sources: Sequence[Mapping[str, Any]], now_ms: int) -> WaitState:
         for w in live:
             expires_at = from_epoch_ms(w["expires_at"])
             assert expires_at is not None
-            owner = w.get("owner") or {}
+            owner = _marker_owner(w)
             waiters.append(WaiterRecord(node, modes.Mode(w["mode"]), w["id"], owner, w["ticket"], expires_at))
         blocking = [h for h in source.get("holders") or () if h["expires_at"] > now_ms or h.get("intent")]
         holders.extend(_records(source, blocking))
@@ -527,8 +565,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
         self._sole_lock = threading.Lock()
         self._existing: dict[str, None] = {}
         """Ids of nodes lately found existing, oldest first (a hint: a wrong one costs a round trip)."""
-        self._blocked: dict[str, frozenset[str]] = {}
-        """holder id of a waiting request -> ids of the nodes that refused its last attempt."""
+        self._blocked: dict[str, tuple[frozenset[str], int]] = {}
+        """holder id of a waiting request -> ids of the nodes that refused its last attempt, and its queue place."""
 
     def describe(self) -> str:
         indices = self.lock_indices
@@ -813,7 +851,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         if request.intent is not None:
             holder["intent"] = request.intent
         with self._sole_lock:
-            blocked = self._blocked.pop(request.holder_id, ())
+            blocked, _ = self._blocked.pop(request.holder_id, ((), 0))
         probe = [t for t in request.targets if t[0].id in blocked]
         outcome = AcquireOutcome([], [], [], 0)
         try:
@@ -838,7 +876,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
             if not outcome.refused:
                 raise LockStoreBusy(f"Elasticsearch was too busy to acquire: {'; '.join(outcome.busy)}")
             if request.ticket is not None:
-                self._note_blocked(request.holder_id, outcome.refused)
+                self._note_blocked(request.holder_id, outcome.refused, outcome.ahead)
             return None
         return Grant(request=request, token=outcome.token, taken=tuple(outcome.taken))
 
@@ -874,6 +912,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
     ) -> list[dict[str, Any]]:
         """Return the ``_bulk`` lines of ACQUIRE for ``batch``, asking for the holders back where they are read."""
         fields = ["holders.id", "holders.owner.key", "holders.mode"]
+        if request.ticket is not None:  # its place in the queues (see queued_poll_interval)
+            fields += ["waiters.ticket", "waiters.mode"]
         fields_back = fields if request.reentrant or request.ticket is not None else None
         return [
             op
@@ -905,7 +945,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
     def _acquire_params(
         self, node: Node, mode: modes.Mode, holder: dict[str, Any], request: LockRequest
     ) -> dict[str, Any]:
-        return {
+        params = {
             "holder": {**holder, "mode": mode.value},
             "conflicts": sorted(m.value for m in modes.conflicting(mode)),
             "reentrant": request.reentrant,
@@ -914,6 +954,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
             "ttl_ms": request.ttl_ms,
             "node": _node_fields(node),
         }
+        if request.ticket is not None:  # only a request that may wait leaves a marker
+            params["waiter"] = _marker_fields(request)
+        return params
 
     # --- conditional deletes ----------------------------------------------------
 
@@ -963,12 +1006,18 @@ class ElasticsearchLockBackend(BaseLockBackend):
             while len(self._existing) > SOLE_HOLDS_KEPT:
                 del self._existing[next(iter(self._existing))]
 
-    def _note_blocked(self, holder_id: str, refused: Sequence[Node]) -> None:
-        """Remember the nodes that refused a waiting request: its next attempt tries them first, alone."""
+    def _note_blocked(self, holder_id: str, refused: Sequence[Node], ahead: int) -> None:
+        """Remember what refused a waiting request (its next attempt tries those nodes first, alone) and its place."""
         with self._sole_lock:
-            self._blocked[holder_id] = frozenset(node.id for node in refused)
+            self._blocked[holder_id] = (frozenset(node.id for node in refused), ahead)
             while len(self._blocked) > SOLE_HOLDS_KEPT:
                 del self._blocked[next(iter(self._blocked))]
+
+    def queued_poll_interval(self, request: LockRequest) -> float:
+        """The head of a queue polls every ``queued_poll_cap``; each request before this one doubles its pause."""
+        with self._sole_lock:
+            _, ahead = self._blocked.get(request.holder_id, ((), 0))
+        return min(self.marker_ttl / 3, self.queued_poll_cap * 2 ** min(ahead, 16))
 
     def _forget_sole(self, holder_id: str) -> dict[str, tuple[int, int]]:
         with self._sole_lock:

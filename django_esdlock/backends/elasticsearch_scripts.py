@@ -118,8 +118,11 @@ ACQUIRE = (
 // requester already holds this node: so a stream of newcomers cannot starve
 // a waiter, and waiters, ordered by ticket, cannot wait for each other. A
 // refused request whose marker here still has over half its lease left writes
-// nothing (a no-op): polling a busy node costs no write. A marker names its
-// request's owner (the wait-for graph of deadlock detection), and
+// nothing (a no-op): polling a busy node costs no write. A marker says who
+// waits (params.waiter: host, pid, thread name and, when the owner holds other
+// locks, `owner`, its key: the wait-for graph of deadlock detection), flat and
+// nothing more: a busy node keeps one marker per waiting request, and every
+// write rewrites them all. And
 // `waiting_until` lets a search find nodes with live markers: it is the
 // expiry of the latest marker written, so at least as late as any left.
 //
@@ -182,7 +185,7 @@ if (reentered || (refused && params.ticket == null)) {
   marker.id = params.holder.id;
   marker.mode = params.holder.mode;
   marker.ticket = params.ticket;
-  marker.owner = params.holder.owner;
+  marker.putAll(params.waiter);
   marker.expires_at = now + params.marker_ttl_ms;
   waiters.add(marker);
   ctx._source.waiters = waiters;
