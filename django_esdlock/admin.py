@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 from django.contrib import admin, messages
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -26,6 +26,7 @@ from .modes import Mode
 from .paths import ancestors, normalize_namespace, normalize_path
 from .reaper import Reaper
 from .records import HolderRecord, Kind, Node, main_record
+from .redaction import redact
 from .waiting import WaitGraph, drawing, owner_label
 
 _EXPIRED_CHOICES = {"yes": True, "no": False}
@@ -34,14 +35,14 @@ _EXPIRED_CHOICES = {"yes": True, "no": False}
 def _busy_or(error: Exception) -> str:
     """Say what a store error means to the person who clicked; a busy store only asks for patience."""
     if isinstance(error, LockStoreBusy):
-        return f"the lock store is busy, retry in a moment ({error})"
-    return str(error)
+        return redact(f"the lock store is busy, retry in a moment ({error})")
+    return redact(error)
 
 
 def _unreadable(error: Exception) -> str:
     if isinstance(error, LockStoreBusy):
-        return f"The lock store is busy, retry in a moment. Nothing was changed. ({error})"
-    return f"The lock store cannot be read: {error}"
+        return redact(f"The lock store is busy, retry in a moment. Nothing was changed. ({error})")
+    return redact(f"The lock store cannot be read: {error}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,9 +192,9 @@ class HeldLockAdmin(admin.ModelAdmin):
 
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
         try:
-            backend_name = get_backend().describe()
-        except LockError as e:
-            backend_name = f"misconfigured: {e}"
+            backend_name = redact(get_backend().describe())
+        except (LockError, ImproperlyConfigured) as e:
+            backend_name = redact(f"misconfigured: {e}")
         return {
             **self.admin_site.each_context(request),
             "opts": self.opts,

@@ -1,4 +1,4 @@
-"""App configuration: registers the system checks."""
+"""App configuration: registers the system checks and the log redaction."""
 
 from django.apps import AppConfig
 
@@ -11,5 +11,7 @@ class EsdlockConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the checks)
         from .recovery import autodiscover
+        from .redaction import install_log_filter
 
+        install_log_filter()  # after Django configured logging: no secret in the library's log records
         autodiscover()

@@ -13,6 +13,7 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from .exceptions import InvalidLockBackend
+from .redaction import add_secrets, url_secrets
 
 ELASTICSEARCH_BACKEND = "django_esdlock.backends.elasticsearch.ElasticsearchLockBackend"
 DATABASE_BACKEND = "django_esdlock.backends.database.DatabaseLockBackend"
@@ -37,6 +38,7 @@ def validate_ttl(value: Any, what: str = "TTL") -> float:
 
 def parse_url(url: str) -> dict[str, Any]:
     """Turn ``elasticsearch://host:9200/locks`` or a database URL into a backend config."""
+    add_secrets(*url_secrets(url))
     parts = urllib.parse.urlsplit(url)
     query = dict(urllib.parse.parse_qsl(parts.query))
     config: dict[str, Any] = {"TTL": query.pop("ttl", DEFAULT_TTL)}

@@ -6,9 +6,18 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .redaction import redact
+
 
 class LockError(Exception):
-    """Base class of every django-esdlock error; do not raise directly."""
+    """Base class of every django-esdlock error; do not raise directly.
+
+    Its message is redacted (:func:`~django_esdlock.redaction.redact`): no
+    password, key or token of the settings reaches a traceback, a log or a page.
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 class LockUnavailable(LockError):

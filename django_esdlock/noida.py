@@ -14,9 +14,13 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from .redaction import redact
 
 PID_FILE = "noida-server.pid"
 
@@ -45,15 +49,22 @@ def free_port() -> int:
 def wait_until_up(url: str, process: subprocess.Popen | None = None, timeout: float = 60.0) -> None:
     """Return once ``url`` answers; raise NoidaUnavailable if ``process`` exits or time runs out."""
     deadline = time.monotonic() + timeout
+    # Any HTTP answer (a 401 of a cluster with security too) means up; user info is no part of a request URL.
+    parts = urllib.parse.urlsplit(url)
+    probe = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=1):
+            with urllib.request.urlopen(probe, timeout=1):
                 return
+        except urllib.error.HTTPError:
+            return
         except OSError:
             if process is not None and process.poll() is not None:
-                raise NoidaUnavailable(f"noida-db exited with {process.returncode} before serving {url}") from None
+                raise NoidaUnavailable(
+                    redact(f"noida-db exited with {process.returncode} before serving {url}")
+                ) from None
             if time.monotonic() > deadline:
-                raise NoidaUnavailable(f"nothing answered at {url} within {timeout:g}s") from None
+                raise NoidaUnavailable(redact(f"nothing answered at {url} within {timeout:g}s")) from None
             time.sleep(0.1)
 
 

@@ -14,6 +14,7 @@ from django.conf import settings
 
 from ..conf import DEFAULT_DEADLOCK_TIMEOUT
 from ..noida import elasticsearch_url
+from ..redaction import redact, redact_data
 from . import aio, scenarios
 from .admin import changelist
 from .common import Figure
@@ -66,12 +67,15 @@ class Report:
     facts: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "options": dataclasses.asdict(self.options),
-            "facts": self.facts,
-            "figures": [f.as_dict() for f in self.figures],
-            "errors": self.errors,
-        }
+        """The report as JSON-ready data, redacted (its URLs may carry credentials)."""
+        return redact_data(
+            {
+                "options": dataclasses.asdict(self.options),
+                "facts": self.facts,
+                "figures": [f.as_dict() for f in self.figures],
+                "errors": self.errors,
+            }
+        )
 
 
 @contextlib.contextmanager
@@ -151,12 +155,12 @@ def run(options: Options, say: Callable[[str], None] = lambda message: None) -> 
                                 report.figures += measure()
                             except Exception as e:  # noqa: BLE001 - one broken figure must not hide the others
                                 report.errors.append({"store": store, "stage": stage, "error": _describe(e)})
-                                say(f"{store}: {stage} failed: {e}")
+                                say(redact(f"{store}: {stage} failed: {e}"))
                     finally:
                         pool.forget(kit.config)
             except Exception as e:  # noqa: BLE001 - the store could not be set up: the other may still run
                 report.errors.append({"store": store, "stage": "setup", "error": _describe(e)})
-                say(f"{store}: setup failed: {e}")
+                say(redact(f"{store}: setup failed: {e}"))
     finally:
         pool.close()
     report.facts["loadavg_after"] = os.getloadavg()
@@ -167,4 +171,4 @@ def _describe(error: BaseException) -> str:
     """The error and the line that raised it: enough to start looking, short enough for a table."""
     frames = traceback.extract_tb(error.__traceback__)
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    return f"{type(error).__name__}: {error}{where}"
+    return redact(f"{type(error).__name__}: {error}{where}")

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from ..redaction import redact_data
+
 OUTCOMES = ("granted", "timeout", "unavailable", "store_unavailable", "deadlock")
 """How a request may end (issue (c)); anything else is a violation."""
 
@@ -67,9 +69,10 @@ def read_events(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]
 
 
 def write_history(events: list[dict[str, Any]], path: str | os.PathLike[str]) -> None:
+    """Write ``events`` to ``path`` as JSON lines, redacted (the file is for people and CI artifacts)."""
     with open(path, "w", encoding="utf-8") as f:
         for event in events:
-            f.write(json.dumps(event, ensure_ascii=False, default=str) + "\n")
+            f.write(json.dumps(redact_data(event), ensure_ascii=False, default=str) + "\n")
 
 
 def load_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

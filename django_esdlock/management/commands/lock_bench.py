@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...bench.common import format_facts, format_table
 from ...bench.suite import OTHER_STORES, STORES, Options, run
+from ...redaction import redact
 from ..arguments import positive
 
 QUICK = {
@@ -126,14 +127,16 @@ class Command(BaseCommand):
         try:
             report = run(bench_options, say)
         except RuntimeError as e:
-            raise CommandError(str(e)) from e
+            raise CommandError(redact(e)) from e
         if options["json"]:
             self.stdout.write(json.dumps(report.as_dict(), indent=2, ensure_ascii=False, allow_nan=False))
         else:
             self.stdout.write(format_table(report.figures))
-            self.stdout.write(f"\nmachine: {format_facts(report.facts)}")
+            self.stdout.write(redact(f"\nmachine: {format_facts(report.facts)}"))
             for error in report.errors:
-                self.stdout.write(self.style.ERROR(f"{error['store']} {error['stage']} failed: {error['error']}"))
+                self.stdout.write(
+                    self.style.ERROR(redact(f"{error['store']} {error['stage']} failed: {error['error']}"))
+                )
         if options["plot"]:
             from ...bench.plot import plot
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...checker.checker import DEFAULT_SLACK
 from ...checker.failover import DEFAULT_KILL
 from ...checker.faults import FAULTS
 from ...exceptions import LockError
+from ...redaction import redact, redact_data
 from ..arguments import positive
 
 
@@ -101,7 +103,7 @@ class Command(BaseCommand):
             )
             config = _config(options["backend_url"], options["es_hosts"])
         except ValueError as e:
-            raise CommandError(str(e)) from e
+            raise CommandError(redact(e)) from e
         verbose = options["verbosity"] >= 1 and not options["json"]
         tty = self.stderr.isatty()
         last = [0.0]
@@ -114,25 +116,25 @@ class Command(BaseCommand):
                     self.stderr.write("")
                 return
             if tty:
-                self.stderr.write("\r" + progress_line(state), ending="")
+                self.stderr.write("\r" + redact(progress_line(state)), ending="")
                 self.stderr.flush()
             elif state["elapsed"] - last[0] >= 10:
                 last[0] = state["elapsed"]
-                self.stderr.write(progress_line(state))
+                self.stderr.write(redact(progress_line(state)))
 
         if options["replay"]:
             result = _replay(load_history(options["replay"]), check_options)
         else:
             try:
                 result = run_check(config, check_options, progress=progress, history=options["history"])
-            except (LockError, RuntimeError) as e:
-                raise CommandError(f"lock_check could not run: {e}") from e
+            except (LockError, ImproperlyConfigured, RuntimeError) as e:
+                raise CommandError(redact(f"lock_check could not run: {e}")) from e
         if options["json"]:
-            self.stdout.write(json.dumps(result.as_dict(), indent=2, ensure_ascii=False, default=str))
+            self.stdout.write(json.dumps(redact_data(result.as_dict()), indent=2, ensure_ascii=False, default=str))
         else:
-            self.stdout.write(summary_table(result))
+            self.stdout.write(redact(summary_table(result)))
             if result.violations:
-                self.stdout.write(self.style.ERROR(violation_text(result)))
+                self.stdout.write(self.style.ERROR(redact(violation_text(result))))
             else:
                 self.stdout.write(self.style.SUCCESS("0 violations"))
         if options["history"] and verbose:
