@@ -156,8 +156,9 @@ def test_construction_opens_no_connection(pg_config, tmp_path):
     proxy = TcpProxy("127.0.0.1", int(psycopg.conninfo.conninfo_to_dict(url).get("port") or 5432))
     try:
         backend = load_backend(db_config(with_port(url, "127.0.0.1", proxy.port)))
-        assert backend.describe() and backend.check() == []
+        assert backend.describe()
         assert proxy.connections == 0  # nothing on the wire until the first use
+        assert backend.check() == []  # check --deploy's: it connects
         backend.holders()
         assert proxy.connections == 1
         backend.close()
@@ -213,15 +214,14 @@ def test_tables_are_made_on_first_use(backend_of, tmp_path):
             backend.close()
 
 
-def test_check_connects_only_for_database_checks(backend_of):
+def test_check_contacts_the_lock_database_and_reports_it_unreachable(backend_of):
+    """backend.check() connects (only ``check --deploy`` runs it: see test_deploys.py)."""
     backend = backend_of(db_config("postgres://postgres@127.0.0.1:9/none"))
-    assert backend.check() == []
-    assert len(backend._wrappers) == 0
-    [error] = backend.check(databases=["default"])
+    assert len(backend._wrappers) == 0  # built without a connection
+    [error] = backend.check()
     assert error.id == "django_esdlock.E002"
     aliased = backend_of({"BACKEND": db_config("")["BACKEND"], "OPTIONS": {"using": "postgres"}})
-    assert aliased.check(databases=["default"]) == [] and len(aliased._wrappers) == 0  # not its database
-    assert aliased.check(databases=["default", "postgres"]) == [] and len(aliased._wrappers) == 1
+    assert aliased.check() == [] and len(aliased._wrappers) == 1
 
 
 # --- transactions -----------------------------------------------------------------

@@ -258,7 +258,7 @@ def test_lock_check_is_clean_when_nodes_fail_over(config, lock_check):
 
 
 def _check_warnings(conf) -> list[str]:
-    """Run ``manage.py check --tag django_esdlock --fail-level WARNING`` with ``conf``; return the ids it reports."""
+    """Run ``manage.py check --deploy --tag django_esdlock --fail-level WARNING`` with ``conf``; return the ids."""
     import io
     import re
 
@@ -268,7 +268,7 @@ def _check_warnings(conf) -> list[str]:
 
     with override_settings(LOCK_BACKEND=conf):
         try:
-            call_command("check", tags=["django_esdlock"], fail_level="WARNING", stdout=io.StringIO())
+            call_command("check", deploy=True, tags=["django_esdlock"], fail_level="WARNING", stdout=io.StringIO())
         except SystemCheckError as e:
             return re.findall(r"\((django_esdlock\.[A-Z]\d+)\)", str(e))
     return []

@@ -260,7 +260,11 @@ class BaseLockBackend(abc.ABC):
         """Create what the store needs (index, tables); safe to call again."""
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """Return system check messages about this store (reachable, well formed)."""
+        """Return system check messages about this store (reachable, well formed); this contacts the store.
+
+        Only ``manage.py check --deploy`` runs it: ``migrate`` and every other
+        command must work while the store is down.
+        """
         return []
 
     def close(self) -> None:

@@ -34,6 +34,7 @@ from django.db.utils import ConnectionDoesNotExist, ConnectionHandler, load_back
 from ...exceptions import LockBackendUnavailable
 from ...modes import Mode
 from ...records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner, WaitState
+from ...redaction import add_secrets, redact, url_secrets
 from ..base import BaseLockBackend, backoff_delay, close_per_loop, takeover_request
 from . import listener
 from .aio import LoopSessions
@@ -150,12 +151,15 @@ class DatabaseLockBackend(BaseLockBackend):
             try:
                 config = environ.Env.db_url_config(_without_ttl(url))
             except Exception as e:
-                raise ImproperlyConfigured(f"DatabaseLockBackend OPTIONS['url'] is not a database URL: {e}") from e
+                raise ImproperlyConfigured(
+                    redact(f"DatabaseLockBackend OPTIONS['url'] is not a database URL: {e}")
+                ) from e
             # A private handler fills in Django's defaults, as for DATABASES.
             self._url_settings = ConnectionHandler({DEFAULT_DB_ALIAS: {}, URL_ALIAS: config}).settings[URL_ALIAS]
         elif using not in connections.settings:
             raise ImproperlyConfigured(f"DatabaseLockBackend OPTIONS['using'] names no database: {using!r}")
         settings_dict = self._base_settings()
+        add_secrets(*url_secrets(url or ""), settings_dict.get("PASSWORD"))
         try:
             wrapper_class = load_backend(settings_dict["ENGINE"]).DatabaseWrapper
         except (ImproperlyConfigured, ImportError) as e:  # some Django versions let a driver's ImportError out
@@ -193,7 +197,7 @@ class DatabaseLockBackend(BaseLockBackend):
         else:
             host = s["HOST"] or "local socket"
             where = f"PostgreSQL database {s['NAME']!r} on {host}{':' + str(s['PORT']) if s['PORT'] else ''}"
-        return where if self.using is None else f"{where} (alias {self.using!r})"
+        return redact(where if self.using is None else f"{where} (alias {self.using!r})")
 
     # --- connections -----------------------------------------------------------
 
@@ -391,15 +395,7 @@ class DatabaseLockBackend(BaseLockBackend):
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [SETUP_LOCK_KEY])
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """Report an unreachable lock database, when the check runs for databases.
-
-        Like Django's own database checks, this connects only when the
-        command asks for database checks (``check --database``, ``migrate``):
-        other commands must work without the database.
-        """
-        databases = kwargs.get("databases")
-        if not databases or (self.using is not None and self.using not in databases):
-            return []
+        """Report an unreachable lock database (this connects: ``manage.py check --deploy`` asks for it)."""
 
         def reach(cursor: Any) -> tuple[None, bool]:
             cursor.execute(self.dialect.CHECK, [])
