@@ -16,6 +16,7 @@ import os
 import re
 import threading
 import time
+import urllib.parse
 import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -24,7 +25,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .. import modes, paths
-from ..exceptions import LockBackendUnavailable, LockStoreBusy
+from ..exceptions import InvalidLockBackend, LockBackendUnavailable, LockStoreBusy
 from ..records import (
     Grant,
     HolderPage,
@@ -37,6 +38,7 @@ from ..records import (
     WaitState,
     from_epoch_ms,
 )
+from ..redaction import add_secrets, credential_values, redact, url_secrets
 from . import elasticsearch_scripts as scripts
 from .base import BaseLockBackend, backoff_delay, close_per_loop, renew_params, takeover_request
 
@@ -473,6 +475,88 @@ Steps = Generator[_Api | _Pause, Any, T]
 async one (:meth:`_arun`)."""
 
 
+CREDENTIAL_OPTIONS = ("basic_auth", "api_key", "bearer_auth", "http_auth")
+"""Client options that send credentials with every request."""
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _flag(name: str, value: Any) -> bool:
+    """Return OPTIONS[name] as a bool: True/False, or a URL query's "true"/"1"/"false"/"0"."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise InvalidLockBackend(f"ElasticsearchLockBackend OPTIONS[{name!r}] must be true or false, not {value!r}")
+
+
+def host_label(host: Any) -> str:
+    """Return ``host`` (a URL, a ``{"scheme", "host", "port"}`` mapping or a NodeConfig) as a redacted URL."""
+    if isinstance(host, str):
+        return redact(host)
+    if isinstance(host, Mapping):
+        scheme, name, port = host.get("scheme", "?"), host.get("host", "?"), host.get("port")
+    else:
+        scheme, name, port = getattr(host, "scheme", "?"), getattr(host, "host", "?"), getattr(host, "port", None)
+    return redact(f"{scheme}://{name}" + (f":{port}" if port else ""))
+
+
+def _scheme_and_credentials(host: Any) -> tuple[str, bool]:
+    """Return the scheme of ``host`` and whether it carries credentials of its own (user info, a header)."""
+    if isinstance(host, str):
+        try:
+            parts = urllib.parse.urlsplit(host)
+            return parts.scheme.lower(), bool(parts.username or parts.password)
+        except ValueError:
+            return "", False
+    if isinstance(host, Mapping):
+        return str(host.get("scheme", "")).lower(), False
+    headers = getattr(host, "headers", None) or {}
+    return str(getattr(host, "scheme", "")).lower(), any(str(k).lower() == "authorization" for k in headers)
+
+
+def _header_credentials(headers: Any) -> list[str]:
+    """Return the values of Authorization headers in ``headers`` and the credentials they carry."""
+    found = []
+    for key, value in headers.items() if isinstance(headers, Mapping) else ():
+        if str(key).lower() == "authorization" and isinstance(value, str):
+            found.extend([value, value.split(None, 1)[-1]])
+    return found
+
+
+def configured_secrets(hosts: Sequence[Any], client_options: Mapping[str, Any]) -> list[str]:
+    """Return every secret value in the hosts and client options: what redaction must mask."""
+    found: list[str] = []
+    for host in hosts:
+        if isinstance(host, str):
+            found.extend(url_secrets(host))
+        else:
+            found.extend(_header_credentials(getattr(host, "headers", None)))
+    for name in CREDENTIAL_OPTIONS:
+        found.extend(credential_values(client_options.get(name)))
+    found.extend(_header_credentials(client_options.get("headers")))
+    return found
+
+
+def plain_http_credentials(hosts: Sequence[Any], client_options: Mapping[str, Any]) -> list[str]:
+    """Return the (redacted) hosts to which credentials would travel over plain http, unencrypted.
+
+    Credentials are user info in a host URL, a client credential option
+    (``basic_auth``, ``api_key``, ``bearer_auth``, ``http_auth``) or an
+    Authorization header; the options' ones go to every host. ``cloud_id``
+    is always https.
+    """
+    everywhere = any(client_options.get(name) not in (None, "") for name in CREDENTIAL_OPTIONS) or bool(
+        _header_credentials(client_options.get("headers"))
+    )
+    plain = []
+    for host in hosts:
+        scheme, own = _scheme_and_credentials(host)
+        if scheme != "https" and (own or everywhere):
+            plain.append(host_label(host))
+    return plain
+
+
 def _perform(client: Any, api: _Api) -> Any:
     if api.options:
         client = client.options(**api.options)
@@ -494,6 +578,12 @@ class ElasticsearchLockBackend(BaseLockBackend):
     any keyword of ``elasticsearch.Elasticsearch`` (``basic_auth``,
     ``api_key``, ``ca_certs``, ``verify_certs``, ``request_timeout``, ...),
     passed through to the client.
+
+    Credentials (user info in a host, ``basic_auth``, ``api_key``,
+    ``bearer_auth``, an Authorization header) go only to https hosts:
+    over plain http they are refused unless ``allow_plain_http_credentials``
+    is True (a network you trust). They never appear in ``describe()``, a
+    message or a log (see :mod:`django_esdlock.redaction`).
     """
 
     busy_retry: float = 10.0
@@ -513,6 +603,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         wait_for_active_shards: int | str = "auto",
         index_count: int = 1,
         namespace_indices: Mapping[str, str] | None = None,
+        allow_plain_http_credentials: bool | str = False,
         **client_options: Any,
     ) -> None:
         super().__init__(ttl=ttl)
@@ -521,6 +612,17 @@ class ElasticsearchLockBackend(BaseLockBackend):
             raise ImproperlyConfigured(
                 f"ElasticsearchLockBackend got unknown OPTIONS {', '.join(sorted(unknown))}; "
                 "use 'hosts', 'index' or a keyword of elasticsearch.Elasticsearch"
+            )
+        host_list = [hosts] if isinstance(hosts, str) else list(hosts)
+        add_secrets(*configured_secrets(host_list, client_options))
+        trusted = _flag("allow_plain_http_credentials", allow_plain_http_credentials)
+        plain = plain_http_credentials(host_list, client_options)
+        if plain and not trusted:
+            raise InvalidLockBackend(
+                f"ElasticsearchLockBackend would send credentials over plain http to {', '.join(plain)}: "
+                "anyone on the network could read them. Use https: an https:// host in OPTIONS['hosts'], "
+                "or elasticsearch+https:// in a LOCK_BACKEND URL. On a network you trust, say so: "
+                "OPTIONS['allow_plain_http_credentials'] = True (URL: ?allow_plain_http_credentials=true)."
             )
         namespace_indices = dict(namespace_indices or {})
         for name in (index, *namespace_indices.values()):
@@ -544,7 +646,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
             raise ImproperlyConfigured(
                 f"ElasticsearchLockBackend OPTIONS['index_count'] must be an int >= 1, not {index_count!r}"
             )
-        self.hosts = [hosts] if isinstance(hosts, str) else list(hosts)
+        self.hosts = host_list
         self.index = index
         self.number_of_replicas = number_of_replicas
         self.wait_for_active_shards = wait_for_active_shards
@@ -571,7 +673,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
     def describe(self) -> str:
         indices = self.lock_indices
         named = f"index {indices[0]!r}" if len(indices) == 1 else f"indices {', '.join(indices)}"
-        return f"Elasticsearch {', '.join(self.hosts)} {named}"
+        return f"Elasticsearch {', '.join(host_label(h) for h in self.hosts)} {named}"
 
     @property
     def lock_indices(self) -> tuple[str, ...]:
@@ -691,7 +793,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         except (elasticsearch.ApiError, elasticsearch.TransportError) as e:
             busy = isinstance(e, elasticsearch.ApiError) and e.meta.status in BUSY_STATUSES
             error = LockStoreBusy if busy else LockBackendUnavailable
-            raise error(f"Elasticsearch failed to {action} ({self.describe()}): {e}") from e
+            raise error(f"Elasticsearch failed to {action} ({self.describe()}): {redact(e)}") from e
 
     def _call_steps(
         self, action: str, api: _Api, *, retry_for: float | None = None, resent: list[bool] | None = None

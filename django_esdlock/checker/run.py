@@ -168,7 +168,12 @@ def _through_proxy(config: dict[str, Any], ports: list[int]) -> dict[str, Any]:
     options = dict(config["OPTIONS"])
     port = ports[0]
     if "hosts" in options:
-        options["hosts"] = [f"http://127.0.0.1:{p}" for p in ports]
+        hosts = options["hosts"] if isinstance(options["hosts"], (list, tuple)) else [options["hosts"]]
+        # A host's user info (its credentials, on a network the settings say is trusted) goes along.
+        auths = [urllib.parse.urlsplit(h if "://" in h else f"http://{h}").netloc.rpartition("@")[0] for h in hosts]
+        options["hosts"] = [
+            f"http://{auth + '@' if auth else ''}127.0.0.1:{p}" for auth, p in zip(auths, ports, strict=True)
+        ]
     elif "url" in options:
         parts = urllib.parse.urlsplit(options["url"])
         auth = parts.netloc.rpartition("@")[0]
