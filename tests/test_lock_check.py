@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from io import StringIO
 
@@ -296,3 +297,121 @@ def test_es_hosts_points_the_command_at_a_cluster():
         _config("sqlite:////tmp/x.sqlite3", "http://a:9200")
     with pytest.raises(CommandError, match="--es-hosts"):
         call_command("lock_check", "--backend-url=sqlite:////tmp/x.sqlite3", "--es-hosts=http://a:9200")
+
+
+# --- the failover fault's care: what it kills, what it runs ------------------------------------------------------
+
+ES_MAIN = "org.elasticsearch.bootstrap.Elasticsearch"
+
+
+def _fake_node(name="n1", pid=42, host="127.0.0.1"):
+    from django_esdlock.checker.failover import _Node
+
+    return _Node(name, {"name": name, "process": {"id": pid}, "http": {"publish_address": f"{host}:9200"}})
+
+
+@contextlib.contextmanager
+def _sleeper(*argv):
+    """A process that sleeps with ``argv`` among its arguments; killed after."""
+    import subprocess
+    import sys
+
+    code = "import time; print('ready', flush=True); time.sleep(120)"
+    process = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline() == "ready\n"  # exec'd: /proc shows its own command line (EOF if it died)
+        yield process
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        process.stdout.close()
+
+
+def _failover_without_a_cluster(record):
+    """A Failover whose cluster answers are given by the test (its kill and restart are what is tested)."""
+    from types import SimpleNamespace
+
+    from django_esdlock.checker.failover import Failover, FailoverCommands
+
+    backend = SimpleNamespace(client=SimpleNamespace(options=lambda **kwargs: None), hosts=["http://127.0.0.1:9"])
+    return Failover(backend, "locks", FailoverCommands(restart="true"), record)
+
+
+def test_the_failover_fault_kills_only_an_elasticsearch_jvm_never_a_group_init_or_itself():
+    import os
+
+    from django_esdlock.checker.failover import DEFAULT_KILL, elasticsearch_jvm, kill, refuse_to_kill
+
+    for pid in (0, -1, -os.getpgrp(), 1, os.getpid(), os.getpgrp()):
+        assert refuse_to_kill(pid), pid
+        assert refuse_to_kill(pid, local=False), pid  # whatever machine the kill command reaches
+        with pytest.raises(RuntimeError, match="not killing"):
+            kill(_fake_node(pid=pid), "echo {pid}")
+    with _sleeper("--not-" + ES_MAIN) as other, _sleeper(ES_MAIN) as es7:
+        assert not elasticsearch_jvm(other.pid) and "not an Elasticsearch JVM" in refuse_to_kill(other.pid)
+        with pytest.raises(RuntimeError, match="not an Elasticsearch JVM"):
+            kill(_fake_node(pid=other.pid))
+        with pytest.raises(RuntimeError, match="not an Elasticsearch JVM"):
+            kill(_fake_node(pid=other.pid), "kill -KILL {pid}; echo custom")  # {pid} of a node on this machine
+        assert other.poll() is None  # still running
+        assert refuse_to_kill(other.pid, local=False) == ""  # another machine's pid: only sanity can be checked
+        kill(_fake_node(pid=other.pid, host="10.9.8.7"), "true {pid}")  # ... and the command is the user's
+        kill(_fake_node(pid=other.pid), "true {node}")  # a command that takes no pid is the user's business
+        assert other.poll() is None
+
+        assert elasticsearch_jvm(es7.pid) and refuse_to_kill(es7.pid) == ""
+        kill(_fake_node(pid=es7.pid), DEFAULT_KILL)
+        assert es7.wait(timeout=10) == -9
+    with _sleeper("-m", f"org.elasticsearch.server/{ES_MAIN}") as es8:  # Elasticsearch 8 and 9 start it as a module
+        assert elasticsearch_jvm(es8.pid)
+    assert not elasticsearch_jvm(2**22 + 7)  # no such process
+
+
+def test_a_refused_kill_counts_no_failover_and_leaves_nothing_to_restart():
+    events = []
+    failover = _failover_without_a_cluster(lambda type_, **fields: events.append(type_))
+    failover.ready = lambda: True
+    failover.primary = lambda: "n1"
+    failover.nodes = lambda: {"n1": _fake_node(pid=0)}  # a node whose process id reads 0: a signal to our group
+    with pytest.raises(RuntimeError, match="pid 0"):
+        failover.inject()
+    assert failover.kills == 0 and failover.unrestarted is None and failover.restarting is None and events == []
+
+
+def test_the_failover_fault_quotes_every_placeholder_it_formats_into_a_shell_command(tmp_path):
+    import shlex
+
+    from django_esdlock.checker.failover import kill, shell_command
+
+    name = f"n1'; touch {tmp_path}/pwned; echo '$(touch {tmp_path}/pwned)`touch {tmp_path}/pwned`2"
+    host = "h;exit 3&&$(exit 4)`exit 5`"  # a publish address is cut at its last "/"
+    node = _fake_node(name=name, host=host)
+    out = tmp_path / "out"
+    template = "printf '%s\\n' {node} {node_number} {pid} {host} > " + shlex.quote(str(out))
+    assert shell_command(template, node).count("touch") == 3
+
+    kill(node, template)  # the kill command of a node elsewhere
+    assert out.read_text().splitlines() == [name, "2", "42", host] and not (tmp_path / "pwned").exists()
+
+    out.unlink()
+    failover = _failover_without_a_cluster(lambda type_, **fields: None)
+    failover.commands = dataclasses.replace(failover.commands, restart=template)
+    failover.unrestarted = node
+    failover._restart()
+    _, process = failover.restarting
+    assert process.wait(timeout=30) == 0
+    assert out.read_text().splitlines() == [name, "2", "42", host] and not (tmp_path / "pwned").exists()
+
+
+def test_the_default_kill_recognizes_the_test_servers_process(es_url):
+    """The genuine node's pid is an Elasticsearch JVM to the check; noida-db's process is not (and is never killed)."""
+    import urllib.request
+
+    from django_esdlock.checker.failover import elasticsearch_jvm
+
+    with urllib.request.urlopen(f"{es_url}/_nodes/process", timeout=10) as answer:
+        body = json.load(answer)
+    (node,) = body["nodes"].values()
+    pid = node.get("process", {}).get("id")
+    genuine = node.get("build_hash") != "noida"
+    assert elasticsearch_jvm(int(pid or 0)) is genuine

@@ -19,6 +19,9 @@ from typing import Any
 DEFAULT_KILL = "kill -KILL {pid}"
 """SIGKILL of the pid the node reports (``_nodes/process``): right only when the nodes run on this machine."""
 
+ELASTICSEARCH_MAIN = "org.elasticsearch.bootstrap.Elasticsearch"
+"""The main class of an Elasticsearch node's JVM: an argument of its own on 7, ``<module>/<class>`` from 8."""
+
 START_CLUSTER_RESTART = "{script} --node {node_number}"
 """The restart of ``../shared/elasticsearch/start-cluster``'s node ``n<i>`` (its kill is :data:`DEFAULT_KILL`)."""
 
@@ -59,6 +62,69 @@ class _Node:
 
     def fields(self) -> dict[str, Any]:
         return {"node": self.name, "node_number": self.number, "pid": self.pid, "host": self.host}
+
+
+def shell_command(template: str, node: _Node) -> str:
+    """Return ``template`` with the node's placeholders filled in, each quoted for the shell.
+
+    Names and addresses come from the cluster's answer: quoted, a node named
+    ``n1; rm -rf ~`` is one argument, not a second command. Write the
+    placeholders bare (``ssh {host} ...``), not in quotes of your own.
+    """
+    return template.format(**{name: shlex.quote(str(value)) for name, value in node.fields().items()})
+
+
+def elasticsearch_jvm(pid: int, proc: str = "/proc") -> bool:
+    """Whether ``/proc/<pid>/cmdline`` is an Elasticsearch node's JVM (its main class among the arguments)."""
+    try:
+        with open(os.path.join(proc, str(pid), "cmdline"), "rb") as f:
+            arguments = f.read().split(b"\0")
+    except OSError:
+        return False
+    main = ELASTICSEARCH_MAIN.encode()
+    return any(a == main or a.endswith(b"/" + main) for a in arguments)
+
+
+def refuse_to_kill(pid: int, *, local: bool = True) -> str:
+    """Return why ``pid`` must not be killed, or "" if it may be.
+
+    Never pid 0 or below (a signal to 0 reaches this process group, to -1
+    every process we may signal), never 1, never this process or the leader
+    of its group. On this machine (``local``) only an Elasticsearch JVM, as
+    its ``/proc/<pid>/cmdline`` shows: a node may report a pid that is now
+    another process's, or one of another pid namespace.
+    """
+    if pid <= 1:
+        return f"pid {pid} is not a process of its own (0 and below signal groups; 1 is init)"
+    if pid in (os.getpid(), os.getpgrp()):
+        return f"pid {pid} is lock_check itself or the leader of its process group"
+    if local and not elasticsearch_jvm(pid):
+        return f"/proc/{pid}/cmdline is not an Elasticsearch JVM (no {ELASTICSEARCH_MAIN} among its arguments)"
+    return ""
+
+
+def why_not_kill(node: _Node, template: str = DEFAULT_KILL) -> str:
+    """Return why ``template`` must not kill ``node``, or "" if it may.
+
+    The pid is judged by :func:`refuse_to_kill`: fully for the default kill
+    and for a command that uses ``{pid}`` on a node of this machine; a
+    command for another machine only has its pid checked for sanity, and
+    one without ``{pid}`` is the command's own business.
+    """
+    if template != DEFAULT_KILL and "{pid}" not in template:
+        return ""
+    return refuse_to_kill(node.pid, local=template == DEFAULT_KILL or _local(node.host))
+
+
+def kill(node: _Node, template: str = DEFAULT_KILL) -> None:
+    """Kill ``node`` with ``template`` (:data:`DEFAULT_KILL`: SIGKILL from here); RuntimeError if it must not."""
+    why = why_not_kill(node, template)
+    if why:
+        raise RuntimeError(f"not killing node {node.name}: {why}")
+    if template == DEFAULT_KILL:
+        os.kill(node.pid, signal.SIGKILL)
+    else:
+        subprocess.run(shell_command(template, node), shell=True, check=True, timeout=COMMAND_TIMEOUT)
 
 
 def failover_errors() -> tuple[type[BaseException], ...]:
@@ -154,9 +220,12 @@ class Failover:
         role = "primary" if self.kills % 2 == 0 else "master"
         name = self.primary() if role == "primary" else self.master()
         node = self.nodes()[name]
+        why = why_not_kill(node, self.commands.kill)
+        if why:  # refused before anything was done: nothing to restart
+            raise RuntimeError(f"not killing node {name}: {why}")
         self.kills += 1
         self.unrestarted = node
-        self._kill(node)
+        kill(node, self.commands.kill)
         self.record("node_kill", node=name, role=role, pid=node.pid, index=self.index)
         self._restart()
         return True
@@ -179,7 +248,7 @@ class Failover:
         node, self.unrestarted = self.unrestarted, None
         if node is None:
             return
-        command = self.commands.restart.format(**node.fields())  # type: ignore[union-attr]
+        command = shell_command(self.commands.restart, node)  # type: ignore[arg-type]
         self._output = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed when the restart ends
         process = subprocess.Popen(
             command, shell=True, stdin=subprocess.DEVNULL, stdout=self._output, stderr=subprocess.STDOUT,
@@ -195,13 +264,6 @@ class Failover:
         with output:
             output.seek(0)
             return output.read().decode(errors="replace")
-
-    def _kill(self, node: _Node) -> None:
-        template = self.commands.kill
-        if template == DEFAULT_KILL:
-            os.kill(node.pid, signal.SIGKILL)
-        else:
-            subprocess.run(template.format(**node.fields()), shell=True, check=True, timeout=COMMAND_TIMEOUT)
 
     def settle(self, timeout: float = RESTART_TIMEOUT) -> None:
         """Restart a node killed but not restarted, wait for the restart and the whole cluster; record the outcome."""
