@@ -12,9 +12,11 @@ import time
 import psycopg
 import pytest
 from django.core import checks
+from django.test import override_settings
 
 from django_esdlock import InvalidLockArgument, LockUnavailable, alock_tree, lock_documents, lock_tree
 from django_esdlock.backends.elasticsearch import NESTED_OBJECTS_LIMIT
+from django_esdlock.checks import check_lock_backend
 from django_esdlock.conf import load_backend
 from django_esdlock.exceptions import InvalidLockBackend, LockBackendUnavailable
 from django_esdlock.limits import DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_INTENT_BYTES, json_size
@@ -390,6 +392,8 @@ def test_check_warns_of_caps_the_store_would_refuse(es_config):
             assert messages[0].level == checks.WARNING and what in messages[0].msg, messages[0].msg
         finally:
             backend.close()
+    with override_settings(LOCK_BACKEND={**es_config, "MAX_IDS_PER_REQUEST": 10_000}):
+        assert [m.id for m in check_lock_backend()] == ["django_esdlock.W007"]  # what manage.py check runs
     backend = load_backend(es_config)
     try:
         assert backend.check() == []  # the defaults fit the defaults

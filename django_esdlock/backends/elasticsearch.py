@@ -596,8 +596,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
         number_of_replicas: int | str = DEFAULT_REPLICAS,
         wait_for_active_shards: int | str = "auto",
         index_count: int = 1,
-        namespace_indices: Mapping[str, str] | None = None,
         max_holders_per_node: int = NESTED_OBJECTS_LIMIT,
+        namespace_indices: Mapping[str, str] | None = None,
         **client_options: Any,
     ) -> None:
         super().__init__(ttl=ttl)
@@ -629,18 +629,18 @@ class ElasticsearchLockBackend(BaseLockBackend):
             raise ImproperlyConfigured(
                 f"ElasticsearchLockBackend OPTIONS['index_count'] must be an int >= 1, not {index_count!r}"
             )
-        if type(max_holders_per_node) is not int or max_holders_per_node < 1:
-            raise ImproperlyConfigured(
-                "ElasticsearchLockBackend OPTIONS['max_holders_per_node'] must be an int >= 1, "
-                f"not {max_holders_per_node!r}"
-            )
-        self.max_holders_per_node = max_holders_per_node
         self.hosts = [hosts] if isinstance(hosts, str) else list(hosts)
         self.index = index
         self.number_of_replicas = number_of_replicas
         self.wait_for_active_shards = wait_for_active_shards
         self.index_count = index_count
         self.namespace_indices = namespace_indices
+        if type(max_holders_per_node) is not int or max_holders_per_node < 1:
+            raise ImproperlyConfigured(
+                "ElasticsearchLockBackend OPTIONS['max_holders_per_node'] must be an int >= 1, "
+                f"not {max_holders_per_node!r}"
+            )
+        self.max_holders_per_node = max_holders_per_node
         self.write_timeout = min(WRITE_TIMEOUT_CAP, ttl / 3)
         self._active_shards: int | str | None = None
         """``wait_for_active_shards`` as sent: resolved from "auto" when the lock indices are set up."""
