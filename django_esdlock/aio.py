@@ -30,7 +30,6 @@ from .locks import (
     _Look,
     _renewer,
     _Sleep,
-    _validate_json,
     _validate_ttl,
     aread_wait_state,
     document_targets,
@@ -149,7 +148,7 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
 
     async def checkpoint(self, data: Mapping[str, Any]) -> None:
         """Record how far the work under this lock got (and renew the lease)."""
-        checkpoint = _validate_json(data, "checkpoint")
+        checkpoint = self._checkpoint_data(data)
         self.check()
         assert self._grant is not None
         started = time.monotonic()

@@ -13,6 +13,7 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from .exceptions import InvalidLockBackend
+from .limits import Limits
 from .redaction import add_secrets, url_secrets
 
 ELASTICSEARCH_BACKEND = "django_esdlock.backends.elasticsearch.ElasticsearchLockBackend"
@@ -24,7 +25,7 @@ DEFAULT_CONFIG: dict[str, Any] = {"BACKEND": DATABASE_BACKEND, "OPTIONS": {"usin
 DEFAULT_DEADLOCK_TIMEOUT = 1.0
 """Seconds a waiting request waits before it looks for a deadlock (PostgreSQL's default ``deadlock_timeout``)."""
 
-_ALLOWED_KEYS = frozenset({"BACKEND", "OPTIONS", "TTL", "DEADLOCK_TIMEOUT"})
+_ALLOWED_KEYS = frozenset({"BACKEND", "OPTIONS", "TTL", "DEADLOCK_TIMEOUT", *Limits.SETTINGS})
 _ES_SCHEMES = {"elasticsearch": "http", "es": "http", "elasticsearch+http": "http", "elasticsearch+https": "https"}
 _DB_SCHEMES = frozenset({"postgres", "postgresql", "pgsql", "psql", "postgis", "sqlite"})
 
@@ -44,6 +45,12 @@ def parse_url(url: str) -> dict[str, Any]:
     config: dict[str, Any] = {"TTL": query.pop("ttl", DEFAULT_TTL)}
     if "deadlock_timeout" in query:
         config["DEADLOCK_TIMEOUT"] = query.pop("deadlock_timeout")
+    for key in Limits.SETTINGS:
+        if key.lower() in query:
+            try:
+                config[key] = int(query.pop(key.lower()))
+            except ValueError as e:
+                raise InvalidLockBackend(f"LOCK_BACKEND URL has a {key.lower()} that is not an int: {url!r}") from e
     if parts.scheme in _ES_SCHEMES:
         if not parts.hostname:
             raise InvalidLockBackend(f"LOCK_BACKEND URL names no host: {url!r}")
@@ -62,7 +69,7 @@ def parse_url(url: str) -> dict[str, Any]:
         # ttl is ours; every other query parameter belongs to the database URL. (Cut the
         # query by hand: urlunsplit would turn sqlite:////abs/path into sqlite://abs/path.)
         base = url.split("?", 1)[0]
-        ours = ("ttl", "deadlock_timeout")
+        ours = ("ttl", "deadlock_timeout", *(key.lower() for key in Limits.SETTINGS))
         rest = urllib.parse.urlencode([(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k not in ours])
         config.update(BACKEND=DATABASE_BACKEND, OPTIONS={"url": f"{base}?{rest}" if rest else base})
     else:
@@ -83,7 +90,7 @@ def parse_url(url: str) -> dict[str, Any]:
 
 
 def backend_config(value: Any = None) -> dict[str, Any]:
-    """Return the normalized ``{"BACKEND", "OPTIONS", "TTL", "DEADLOCK_TIMEOUT"}`` of a setting value."""
+    """Return the normalized ``{"BACKEND", "OPTIONS", "TTL", "DEADLOCK_TIMEOUT", "MAX_...": int}`` of a setting."""
     if value is None:
         value = getattr(settings, "LOCK_BACKEND", None) or DEFAULT_CONFIG
     if isinstance(value, str):
@@ -105,7 +112,15 @@ def backend_config(value: Any = None) -> dict[str, Any]:
         "OPTIONS": dict(options),
         "TTL": validate_ttl(value.get("TTL", DEFAULT_TTL), "LOCK_BACKEND['TTL']"),
         "DEADLOCK_TIMEOUT": validate_deadlock_timeout(value.get("DEADLOCK_TIMEOUT", DEFAULT_DEADLOCK_TIMEOUT)),
+        **{key: validate_cap(value.get(key, getattr(Limits, field)), key) for key, field in Limits.SETTINGS.items()},
     }
+
+
+def validate_cap(value: Any, key: str) -> int:
+    """Return ``value`` if it is a positive int (a cap of :class:`~django_esdlock.limits.Limits`)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidLockBackend(f"LOCK_BACKEND[{key!r}] must be a positive int, not {value!r}")
+    return value
 
 
 def validate_deadlock_timeout(value: Any) -> float | None:
@@ -128,6 +143,7 @@ def load_backend(value: Any = None):
         raise InvalidLockBackend(f"{config['BACKEND']!r} is not a subclass of BaseLockBackend")
     backend = cls(ttl=config["TTL"], **config["OPTIONS"])
     backend.deadlock_timeout = config["DEADLOCK_TIMEOUT"]
+    backend.limits = Limits(**{field: config[key] for key, field in Limits.SETTINGS.items()})
     return backend
 
 

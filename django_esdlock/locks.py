@@ -184,8 +184,12 @@ class BaseLock:
         """Check the lock may be taken by the caller; return the backend and the request to send."""
         if self._grant is not None:
             raise RuntimeError(f"{self!r} is already acquired; create a new lock object")
-        _check_self_deadlock(self)
         backend = self.backend
+        backend.limits.check_intent(self.intent)
+        documents = sum(node.kind is Kind.DOCUMENT for node, _ in self.targets)
+        if documents:
+            backend.limits.check_ids(documents)
+        _check_self_deadlock(self)
         request = LockRequest(
             holder_id=uuid.uuid4().hex,
             owner=Owner.current(),
@@ -224,9 +228,13 @@ class BaseLock:
             if outcome is not None:
                 return outcome, started
             if self.timeout == 0:
-                raise LockUnavailable(f"{self._describe()} is held in a conflicting mode")
+                reason = backend.refusal_reason(request) or "is held in a conflicting mode"
+                raise LockUnavailable(f"{self._describe()} {reason}")
             if remaining <= 0:
-                raise LockTimeout(f"{self._describe()} stayed unavailable for {self.timeout:g}s")
+                reason = backend.refusal_reason(request)
+                raise LockTimeout(
+                    f"{self._describe()} stayed unavailable for {self.timeout:g}s{': ' + reason if reason else ''}"
+                )
             pause = min(remaining, backend.queued_poll_interval(request))
             if deadlock_timeout is not None:
                 # Look for a cycle once this request has waited deadlock_timeout, and each period after.
@@ -343,6 +351,12 @@ class BaseLock:
             logger.warning("lost %r: %s", self, reason)
             signals.lock_lost.send(sender=type(self), lock=self, reason=reason)
 
+    def _checkpoint_data(self, data: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Return ``data`` as the checkpoint to record, or raise InvalidLockArgument (nothing sent)."""
+        checkpoint = _validate_json(data, "checkpoint")
+        self.backend.limits.check_checkpoint(checkpoint)
+        return checkpoint
+
     def _describe(self) -> str:
         node, mode = self.targets[-1]
         more = f" (+{len(self.targets) - 1} more)" if len(self.targets) > 1 else ""
@@ -411,7 +425,7 @@ class Lock(BaseLock, contextlib.ContextDecorator):
 
     def checkpoint(self, data: Mapping[str, Any]) -> None:
         """Record how far the work under this lock got (and renew the lease)."""
-        checkpoint = _validate_json(data, "checkpoint")
+        checkpoint = self._checkpoint_data(data)
         self.check()
         assert self._grant is not None
         started = time.monotonic()

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, TypeVar
 
 from django.core import checks
 
+from ..limits import Limits
 from ..modes import Mode
 from ..records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner, WaitState, main_record
 
@@ -52,6 +53,9 @@ class BaseLockBackend(abc.ABC):
     runs only for requests that have waited this long. Set by
     ``LOCK_BACKEND["DEADLOCK_TIMEOUT"]``.
     """
+
+    limits: Limits = Limits()
+    """What one request may carry (intent, checkpoint, ids): set from ``LOCK_BACKEND["MAX_..."]``."""
 
     @property
     def marker_ttl_ms(self) -> int:
@@ -141,6 +145,10 @@ class BaseLockBackend(abc.ABC):
         ``progress`` with the running count after each. Return what was (or,
         with ``dry_run``, would be) removed.
         """
+
+    def refusal_reason(self, request: LockRequest) -> str | None:
+        """Return why the store refused ``request`` last when no conflict did ("was refused by ..."), else None."""
+        return None
 
     def withdraw(self, request: LockRequest) -> None:
         """Remove the waiting markers ``request`` left (it gave up); markers also expire by themselves."""

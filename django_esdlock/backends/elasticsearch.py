@@ -49,7 +49,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         "The Elasticsearch lock backend needs the 'elasticsearch' package: pip install 'django-esdlock[elasticsearch]'"
     ) from e
 
-MAPPING_VERSION = 2
+MAPPING_VERSION = 3
 
 logger = logging.getLogger("django_esdlock")
 
@@ -91,9 +91,12 @@ MAPPING: dict[str, Any] = {
                 "owner": _OWNER,
                 "acquired_at": {"type": "date", "format": "epoch_millis"},
                 "expires_at": {"type": "date", "format": "epoch_millis"},
+                # Intent and checkpoint are kept on the holder's main node (its S or X node) alone;
+                # `has_intent` marks the holder on every node, so that, expired, it still blocks there.
                 "intent": {"type": "object", "enabled": False},
                 "checkpoint": {"type": "object", "enabled": False},
                 "recovery": {"type": "object", "enabled": False},
+                "has_intent": {"type": "boolean"},
             },
         },
         # Markers of requests that waited (fair waiting); read by scripts only.
@@ -105,7 +108,32 @@ MAPPING: dict[str, Any] = {
 
 ADDED_SINCE_VERSION_1 = ("waiting_until",)
 """Fields a lock index of mapping version 1 lacks; setup adds them (adding a field is allowed on a live index)."""
-PROPERTIES_OF_VERSION_1 = {k: v for k, v in MAPPING["properties"].items() if k not in ADDED_SINCE_VERSION_1}
+ADDED_SINCE_VERSION_2 = ("holders.has_intent",)
+"""Fields a lock index of mapping version 2 lacks (setup adds them too)."""
+UPGRADE_PROPERTIES: dict[str, Any] = {
+    "waiting_until": MAPPING["properties"]["waiting_until"],
+    "holders": {
+        "type": "nested",
+        "properties": {"has_intent": MAPPING["properties"]["holders"]["properties"]["has_intent"]},
+    },
+}
+"""What setup puts into the mapping of an existing lock index: every field added since version 1 (a no-op when
+the index has them)."""
+PROPERTIES_OF_VERSION_2 = {
+    **MAPPING["properties"],
+    "holders": {
+        **MAPPING["properties"]["holders"],
+        "properties": {k: v for k, v in MAPPING["properties"]["holders"]["properties"].items() if k != "has_intent"},
+    },
+}
+PROPERTIES_OF_VERSION_1 = {k: v for k, v in PROPERTIES_OF_VERSION_2.items() if k not in ADDED_SINCE_VERSION_1}
+
+NESTED_OBJECTS_LIMIT = 10_000
+"""Elasticsearch's default ``index.mapping.nested_objects.limit``: the most nested objects (here: holders) one
+document may have; a write past it is refused with a 400."""
+
+HTTP_MAX_CONTENT_LENGTH = 100 * 1024 * 1024
+"""Elasticsearch's default ``http.max_content_length`` (100mb): a larger request body is refused (413)."""
 
 # One primary shard: every write of a request lands on one shard, in order, and
 # its `_seq_no` (with the primary term, our fencing token) is one sequence for the whole lock index.
@@ -175,6 +203,8 @@ class AcquireOutcome:
     """Items the store turned away for now (429, 503): neither granted nor refused."""
     ahead: int = 0
     """Of a refused waiting request: the most waiting requests queued before it on one of its nodes."""
+    full: list[tuple[Node, int]] = dataclasses.field(default_factory=list)
+    """Refused nodes that keep ``max_holders`` holders or more, with their count (see ACQUIRE)."""
 
 
 def _own_hold(source: Mapping[str, Any] | None, owner_key: str, mode: str) -> bool:
@@ -202,6 +232,8 @@ def read_acquire_items(
     request: LockRequest,
     items: Sequence[Mapping[str, Any]],
     targets: Sequence[tuple[Node, modes.Mode]] | None = None,
+    *,
+    max_holders: int | None = None,
 ) -> AcquireOutcome:
     """Sort the items of an acquire ``_bulk`` (of ``targets``, default all the request's) into taken, refused, failed.
 
@@ -211,7 +243,9 @@ def read_acquire_items(
     wrote nothing: a refusal to retry, never a grant; a busy store's answer
     (429, 503) is neither, and goes to ``busy``. The token is the
     highest ``(_primary_term, _seq_no)`` written, as :func:`_token`: it exceeds
-    the token of every grant released before any of these writes.
+    the token of every grant released before any of these writes. A refused
+    node whose ``lock_count`` came back at ``max_holders`` or more also goes
+    to ``full``.
     """
     outcome = AcquireOutcome([], [], [], 0)
     for (node, mode), item in zip(request.targets if targets is None else targets, items, strict=True):
@@ -230,6 +264,7 @@ def read_acquire_items(
         if result in ("created", "updated") and request.ticket is not None and not _holds(source, request.holder_id):
             outcome.refused.append(node)  # it left a waiting marker, not a holder
             outcome.ahead = max(outcome.ahead, _queued_before(source, request.ticket, mode))
+            _note_full(outcome, node, source, max_holders)
         elif result in ("created", "updated"):
             outcome.taken.append(node)
             outcome.token = max(outcome.token, _token(body))
@@ -243,9 +278,16 @@ def read_acquire_items(
             outcome.refused.append(node)
             if request.ticket is not None:
                 outcome.ahead = max(outcome.ahead, _queued_before(source, request.ticket, mode))
+            _note_full(outcome, node, source, max_holders)
         else:
             outcome.errors.append(f"{node}: unexpected result {result!r}")
     return outcome
+
+
+def _note_full(outcome: AcquireOutcome, node: Node, source: Mapping[str, Any] | None, max_holders: int | None) -> None:
+    count = (source or {}).get("lock_count") or 0
+    if max_holders is not None and count >= max_holders:
+        outcome.full.append((node, count))
 
 
 TOKEN_TERM_SHIFT = 40
@@ -273,6 +315,7 @@ def _merge(first: AcquireOutcome, second: AcquireOutcome) -> AcquireOutcome:
         max(first.token, second.token),
         first.busy + second.busy,
         max(first.ahead, second.ahead),
+        first.full + second.full,
     )
 
 
@@ -354,6 +397,17 @@ def _item_lines(operations: Sequence[dict[str, Any]]) -> list[list[dict[str, Any
     return items
 
 
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+def byte_size(value: Any) -> int | None:
+    """Return an Elasticsearch byte size setting (``100mb``, ``1gb``, ``512``) in bytes; None if unreadable."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgtp]?)b?", str(value).strip().lower())
+    if match is None:
+        return None
+    return int(float(match.group(1)) * _BYTE_UNITS[match.group(2)])
+
+
 def _encode_cursor(sort_values: list[Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(sort_values).encode()).decode()
 
@@ -367,21 +421,34 @@ def _decode_cursor(cursor: str) -> list[Any]:
 
 def _records(source: Mapping[str, Any], holders: Sequence[Mapping[str, Any]] | None = None) -> list[HolderRecord]:
     node = Node(source["namespace"], Kind(source["kind"]), source["key"])
-    return [
-        HolderRecord(
-            node=node,
-            mode=modes.Mode(h["mode"]),
-            holder_id=h["id"],
-            owner=h.get("owner", {}),
-            token=h.get("token"),
-            acquired_at=from_epoch_ms(h.get("acquired_at")),
-            expires_at=from_epoch_ms(h["expires_at"]),
-            intent=h.get("intent"),
-            checkpoint=h.get("checkpoint"),
-            recovery=h.get("recovery"),
+    records = []
+    for h in source.get("holders") or [] if holders is None else holders:
+        mode = modes.Mode(h["mode"])
+        main = modes.is_grant(mode)  # an older release copied intent and checkpoint onto every node
+        records.append(
+            HolderRecord(
+                node=node,
+                mode=mode,
+                holder_id=h["id"],
+                owner=h.get("owner", {}),
+                token=h.get("token"),
+                acquired_at=from_epoch_ms(h.get("acquired_at")),
+                expires_at=from_epoch_ms(h["expires_at"]),
+                intent=h.get("intent") if main else None,
+                checkpoint=h.get("checkpoint") if main else None,
+                recovery=h.get("recovery"),
+            )
         )
-        for h in (source.get("holders") or [] if holders is None else holders)
-    ]
+    return records
+
+
+def _awaits_recovery(holder: Mapping[str, Any]) -> bool:
+    """Whether a holder entry carries an intent, here or on its main node: expired, it still blocks."""
+    return bool(holder.get("intent") or holder.get("has_intent"))
+
+
+def _evictable(holder: Mapping[str, Any]) -> bool:
+    return not _awaits_recovery(holder)
 
 
 MARKER_OWNER_FIELDS = ("host", "pid", "thread_name")
@@ -420,9 +487,22 @@ def _wait_state(sources: Sequence[Mapping[str, Any]], now_ms: int) -> WaitState:
             assert expires_at is not None
             owner = _marker_owner(w)
             waiters.append(WaiterRecord(node, modes.Mode(w["mode"]), w["id"], owner, w["ticket"], expires_at))
-        blocking = [h for h in source.get("holders") or () if h["expires_at"] > now_ms or h.get("intent")]
+        blocking = [h for h in source.get("holders") or () if h["expires_at"] > now_ms or _awaits_recovery(h)]
         holders.extend(_records(source, blocking))
     return WaitState(tuple(waiters), tuple(holders))
+
+
+def _holder(holder: Mapping[str, Any], mode: modes.Mode, request: LockRequest) -> dict[str, Any]:
+    """Return the holder entry a request writes on a node it takes in ``mode``: the intent on its main node only.
+
+    Its other nodes (the IS/IX ancestors of a tree lock) carry ``has_intent``
+    (in ``holder``) instead: they are shared, and every other holder's write
+    there rewrites every entry.
+    """
+    entry = {**holder, "mode": mode.value}
+    if request.intent is not None and modes.is_grant(mode):
+        entry["intent"] = request.intent
+    return entry
 
 
 def _node_fields(node: Node) -> dict[str, Any]:
@@ -448,10 +528,11 @@ def _expired_query(grace: float, margin: int = 0) -> dict[str, Any]:
     return {"range": {"holders.expires_at": {"lte": f"now-{seconds}s" if seconds else "now"}}}
 
 
-def _hit_records(hit: Mapping[str, Any]) -> list[HolderRecord]:
-    """Return the records of the holders ``hit`` matched (its inner hits "match")."""
+def _hit_records(hit: Mapping[str, Any], keep: Callable[[Mapping[str, Any]], bool] | None = None) -> list[HolderRecord]:
+    """Return the records of the holders ``hit`` matched (its inner hits "match"), those ``keep`` accepts."""
     inner = hit.get("inner_hits", {}).get("match")
-    return _records(hit["_source"], [h["_source"] for h in inner["hits"]["hits"]] if inner else [])
+    holders = [h["_source"] for h in inner["hits"]["hits"]] if inner else []
+    return _records(hit["_source"], [h for h in holders if keep is None or keep(h)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -574,7 +655,10 @@ class ElasticsearchLockBackend(BaseLockBackend):
     ``wait_for_active_shards`` (an int, ``"all"``, or ``"auto"``: a majority
     of the copies the lock index has on the cluster; the default),
     ``index_count`` (hash namespaces into that many lock indices; default 1),
-    ``namespace_indices`` (namespace -> lock index, ahead of the hash) and
+    ``namespace_indices`` (namespace -> lock index, ahead of the hash),
+    ``max_holders_per_node`` (the most holders one lock node keeps; a node
+    that keeps that many refuses newcomers as a conflict would, until holders
+    leave; default 10,000, Elasticsearch's ``index.mapping.nested_objects.limit``) and
     any keyword of ``elasticsearch.Elasticsearch`` (``basic_auth``,
     ``api_key``, ``ca_certs``, ``verify_certs``, ``request_timeout``, ...),
     passed through to the client.
@@ -602,6 +686,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         number_of_replicas: int | str = DEFAULT_REPLICAS,
         wait_for_active_shards: int | str = "auto",
         index_count: int = 1,
+        max_holders_per_node: int = NESTED_OBJECTS_LIMIT,
         namespace_indices: Mapping[str, str] | None = None,
         allow_plain_http_credentials: bool | str = False,
         **client_options: Any,
@@ -652,6 +737,12 @@ class ElasticsearchLockBackend(BaseLockBackend):
         self.wait_for_active_shards = wait_for_active_shards
         self.index_count = index_count
         self.namespace_indices = namespace_indices
+        if type(max_holders_per_node) is not int or max_holders_per_node < 1:
+            raise ImproperlyConfigured(
+                "ElasticsearchLockBackend OPTIONS['max_holders_per_node'] must be an int >= 1, "
+                f"not {max_holders_per_node!r}"
+            )
+        self.max_holders_per_node = max_holders_per_node
         self.write_timeout = min(WRITE_TIMEOUT_CAP, ttl / 3)
         self._active_shards: int | str | None = None
         """``wait_for_active_shards`` as sent: resolved from "auto" when the lock indices are set up."""
@@ -669,6 +760,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
         """Ids of nodes lately found existing, oldest first (a hint: a wrong one costs a round trip)."""
         self._blocked: dict[str, tuple[frozenset[str], int]] = {}
         """holder id of a waiting request -> ids of the nodes that refused its last attempt, and its queue place."""
+        self._full: dict[str, list[tuple[Node, int]]] = {}
+        """holder id -> the nodes that refused its last attempt for keeping max_holders_per_node holders."""
 
     def describe(self) -> str:
         indices = self.lock_indices
@@ -838,8 +931,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
         for index in self.lock_indices:
             if (yield from self._call_steps("look up the lock index", _Api("indices.exists", {"index": index}))):
                 # An index of an older release gains the fields it lacks (a no-op when it has them).
-                added = {name: MAPPING["properties"][name] for name in ADDED_SINCE_VERSION_1}
-                upgrade = _Api("indices.put_mapping", {"index": index, "properties": added, "meta": MAPPING["_meta"]})
+                upgrade = _Api(
+                    "indices.put_mapping", {"index": index, "properties": UPGRADE_PROPERTIES, "meta": MAPPING["_meta"]}
+                )
                 yield from self._call_steps("add the new fields to the lock index", upgrade)
                 continue
             body = {"index": index, "settings": self._index_settings(), "mappings": MAPPING}
@@ -949,17 +1043,18 @@ class ElasticsearchLockBackend(BaseLockBackend):
         only give back.
         """
         yield from self._ensure_index_steps()
-        holder = {"id": request.holder_id, "owner": request.owner.as_dict()}
+        holder: dict[str, Any] = {"id": request.holder_id, "owner": request.owner.as_dict()}
         if request.intent is not None:
-            holder["intent"] = request.intent
+            holder["has_intent"] = True  # the intent itself goes to the main node alone (see _holder)
         with self._sole_lock:
             blocked, _ = self._blocked.pop(request.holder_id, ((), 0))
+            self._full.pop(request.holder_id, None)
         probe = [t for t in request.targets if t[0].id in blocked]
         outcome = AcquireOutcome([], [], [], 0)
         try:
             if probe:
                 items = yield from self._bulk_steps(self._acquire_items(probe, holder, request), "acquire", retry_for=0)
-                outcome = read_acquire_items(request, items, probe)
+                outcome = read_acquire_items(request, items, probe, max_holders=self.max_holders_per_node)
             if not (outcome.refused or outcome.errors or outcome.busy):
                 rest = [t for t in request.targets if t not in probe]
                 outcome = _merge(outcome, (yield from self._take_steps(rest, holder, request)))
@@ -979,6 +1074,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 raise LockStoreBusy(f"Elasticsearch was too busy to acquire: {'; '.join(outcome.busy)}")
             if request.ticket is not None:
                 self._note_blocked(request.holder_id, outcome.refused, outcome.ahead)
+            if outcome.full:
+                self._note_full(request.holder_id, outcome.full)
             return None
         return Grant(request=request, token=outcome.token, taken=tuple(outcome.taken))
 
@@ -1001,10 +1098,14 @@ class ElasticsearchLockBackend(BaseLockBackend):
             [n for (n, _), i in zip(known, known_items, strict=True) if _result(i) == "created"],
         )
         read = created + list(zip(known, known_items, strict=True))
-        outcome = read_acquire_items(request, [i for _, i in read], [t for t, _ in read])
+        outcome = read_acquire_items(
+            request, [i for _, i in read], [t for t, _ in read], max_holders=self.max_holders_per_node
+        )
         if existing and not (outcome.refused or outcome.errors or outcome.busy):
             items = yield from self._bulk_steps(self._acquire_items(existing, holder, request), "acquire", retry_for=0)
-            outcome = _merge(outcome, read_acquire_items(request, items, existing))
+            outcome = _merge(
+                outcome, read_acquire_items(request, items, existing, max_holders=self.max_holders_per_node)
+            )
         elif existing:
             outcome.refused.extend(node for node, _ in existing)  # not tried: the request failed already
         return outcome
@@ -1013,10 +1114,11 @@ class ElasticsearchLockBackend(BaseLockBackend):
         self, batch: Sequence[tuple[Node, modes.Mode]], holder: dict[str, Any], request: LockRequest
     ) -> list[dict[str, Any]]:
         """Return the ``_bulk`` lines of ACQUIRE for ``batch``, asking for the holders back where they are read."""
-        fields = ["holders.id", "holders.owner.key", "holders.mode"]
+        fields = ["lock_count"]  # a refusal by a full node is told apart (see refusal_reason)
+        if request.reentrant or request.ticket is not None:
+            fields += ["holders.id", "holders.owner.key", "holders.mode"]
         if request.ticket is not None:  # its place in the queues (see queued_poll_interval)
             fields += ["waiters.ticket", "waiters.mode"]
-        fields_back = fields if request.reentrant or request.ticket is not None else None
         return [
             op
             for node, mode in batch
@@ -1024,7 +1126,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 node,
                 scripts.ACQUIRE,
                 self._acquire_params(node, mode, holder, request),
-                fields=fields_back,
+                fields=fields,
                 scripted_upsert=True,
                 upsert={},
             )
@@ -1040,7 +1142,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
             "lock_count": 1,
             "modes": [mode.value],
         }
-        params = {"holder": {**holder, "mode": mode.value}, "ttl_ms": request.ttl_ms, "fresh": fresh}
+        params = {"holder": _holder(holder, mode, request), "ttl_ms": request.ttl_ms, "fresh": fresh}
         fields = ["holders.id"] if request.ticket is not None else None
         return self._scripted(node, scripts.CREATE, params, fields=fields, scripted_upsert=True, upsert={})
 
@@ -1048,13 +1150,14 @@ class ElasticsearchLockBackend(BaseLockBackend):
         self, node: Node, mode: modes.Mode, holder: dict[str, Any], request: LockRequest
     ) -> dict[str, Any]:
         params = {
-            "holder": {**holder, "mode": mode.value},
+            "holder": _holder(holder, mode, request),
             "conflicts": sorted(m.value for m in modes.conflicting(mode)),
             "reentrant": request.reentrant,
             "ticket": request.ticket,
             "marker_ttl_ms": self.marker_ttl_ms,
             "ttl_ms": request.ttl_ms,
             "node": _node_fields(node),
+            "max_holders": self.max_holders_per_node,
         }
         if request.ticket is not None:  # only a request that may wait leaves a marker
             params["waiter"] = _marker_fields(request)
@@ -1115,6 +1218,23 @@ class ElasticsearchLockBackend(BaseLockBackend):
             while len(self._blocked) > SOLE_HOLDS_KEPT:
                 del self._blocked[next(iter(self._blocked))]
 
+    def _note_full(self, holder_id: str, full: list[tuple[Node, int]]) -> None:
+        with self._sole_lock:
+            self._full[holder_id] = full
+            while len(self._full) > SOLE_HOLDS_KEPT:
+                del self._full[next(iter(self._full))]
+
+    def refusal_reason(self, request: LockRequest) -> str | None:
+        with self._sole_lock:
+            full = self._full.pop(request.holder_id, None)
+        if not full:
+            return None
+        node, count = full[0]
+        return (
+            f"was refused by {node}: it keeps {count:,} holders, the most one lock node may keep "
+            f"(OPTIONS['max_holders_per_node'] is {self.max_holders_per_node:,}); it takes more as holders leave"
+        )
+
     def queued_poll_interval(self, request: LockRequest) -> float:
         """The head of a queue polls every ``queued_poll_cap``; each request before this one doubles its pause."""
         with self._sole_lock:
@@ -1134,6 +1254,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
     def _withdraw_steps(self, request: LockRequest) -> Steps[None]:
         with self._sole_lock:
             self._blocked.pop(request.holder_id, None)
+            self._full.pop(request.holder_id, None)
         params = {"holder_id": request.holder_id}
         operations = [op for node, _ in request.targets for op in self._scripted(node, scripts.WITHDRAW, params)]
         yield from self._bulk_steps(operations, "withdraw waiting markers")
@@ -1258,8 +1379,17 @@ class ElasticsearchLockBackend(BaseLockBackend):
         self, grant: Grant, checkpoint: dict[str, Any] | None, recovery: dict[str, Any] | None
     ) -> Steps[bool]:
         params = renew_params(grant, checkpoint, recovery)
+        # The checkpoint goes to the main node(s) alone: the shared ancestors stay small.
+        others = {**params, "checkpoint": None}
+        asked = dict(grant.request.targets)
         fields = ["holders.id", "waiters.id", "waiters.released"]
-        operations = [op for node in grant.taken for op in self._scripted(node, scripts.RENEW, params, fields=fields)]
+        operations = [
+            op
+            for node in grant.taken
+            for op in self._scripted(
+                node, scripts.RENEW, params if modes.is_grant(asked[node]) else others, fields=fields
+            )
+        ]
         if not operations:
             return True
         items = yield from self._bulk_steps(operations, "renew", retry_for=0)  # the renewer retries within the lease
@@ -1418,8 +1548,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 evicted.extend(self._delete_stale(hits))
                 if progress is not None:
                     progress(len(evicted))
-        for page in self._holder_pages(_expired_query(grace), namespace=namespace):
-            found = [r for r in page if not r.intent]
+        for page in self._holder_pages(_expired_query(grace), namespace=namespace, keep=_evictable):
+            found = page
             if dry_run:
                 evicted.extend(found)
             elif found:
@@ -1433,7 +1563,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         chosen = [
             hit
             for hit in hits
-            if not _markers(hit["_source"]) and not any(h.get("intent") for h in hit["_source"]["holders"])
+            if not _markers(hit["_source"]) and not any(_awaits_recovery(h) for h in hit["_source"]["holders"])
         ]
         if not chosen:
             return []
@@ -1518,18 +1648,22 @@ class ElasticsearchLockBackend(BaseLockBackend):
             body["search_after"] = hits[-1]["sort"]
 
     def _holder_pages(
-        self, nested_query: dict[str, Any], *, namespace: str | None = None
+        self,
+        nested_query: dict[str, Any],
+        *,
+        namespace: str | None = None,
+        keep: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> Iterator[list[HolderRecord]]:
-        """Yield, page by page, the holders matching ``nested_query`` (by inner hits)."""
+        """Yield, page by page, the holders matching ``nested_query`` (by inner hits) that ``keep`` accepts."""
         for hits in self._search_pages({"path": "holders", "query": nested_query}, namespace=namespace):
-            yield [record for hit in hits for record in _hit_records(hit)]
+            yield [record for hit in hits for record in _hit_records(hit, keep)]
 
     def holder_records(self, holder_id: str) -> list[HolderRecord]:
         return [r for page in self._holder_pages({"term": {"holders.id": holder_id}}) for r in page]
 
     def expired_with_intent(self, *, namespace: str | None = None, grace: float = 0.0) -> list[HolderRecord]:
-        pages = self._holder_pages(_expired_query(grace), namespace=namespace)
-        return [r for page in pages for r in page if r.intent]
+        pages = self._holder_pages(_expired_query(grace), namespace=namespace, keep=_awaits_recovery)
+        return [r for page in pages for r in page]
 
     def take_over(
         self,
@@ -1576,6 +1710,12 @@ class ElasticsearchLockBackend(BaseLockBackend):
             with self._translate("reach the cluster"):
                 client = self.client.options(request_timeout=5)
                 data_nodes = int(client.cluster.health()["number_of_data_nodes"])
+                node_settings = client.nodes.info(metric="settings", flat_settings=True).get("nodes", {})
+                content_lengths = [
+                    size
+                    for info in node_settings.values()
+                    if (size := byte_size(info.get("settings", {}).get("http.max_content_length", "100mb")))
+                ]
                 found = {}
                 for index in self.lock_indices:
                     if client.indices.exists(index=index):
@@ -1593,12 +1733,17 @@ class ElasticsearchLockBackend(BaseLockBackend):
         for index, (mapping, settings) in found.items():
             actual = next(iter(mapping.values()))["mappings"]
             properties = actual.get("properties")
-            if properties == PROPERTIES_OF_VERSION_1 and actual.get("dynamic") == "strict":
+            earlier = {
+                "waiting markers or intents": (PROPERTIES_OF_VERSION_1, ADDED_SINCE_VERSION_1 + ADDED_SINCE_VERSION_2),
+                "intents": (PROPERTIES_OF_VERSION_2, ADDED_SINCE_VERSION_2),
+            }
+            lacking = next((k for k, (props, _) in earlier.items() if properties == props), None)
+            if lacking is not None and actual.get("dynamic") == "strict":
                 errors.append(
                     checks.Warning(
                         f"Elasticsearch index {index!r} has the lock mapping of an earlier release.",
-                        hint=f"The backend adds {', '.join(ADDED_SINCE_VERSION_1)} at its first use; until then "
-                        "processes of this release cannot leave waiting markers there.",
+                        hint=f"The backend adds {', '.join(earlier[lacking][1])} at its first use; until then "
+                        f"processes of this release cannot leave {lacking} there.",
                         id="django_esdlock.W006",
                     )
                 )
@@ -1621,11 +1766,71 @@ class ElasticsearchLockBackend(BaseLockBackend):
                     )
                 )
             errors.extend(self._durability_warnings(index, index_settings, data_nodes))
-        if data_nodes > 1:
-            missing = [i for i in self.lock_indices if i not in found]
-            if missing:  # judged by the settings they will be created with
-                errors.extend(self._durability_warnings(missing[0], self._index_settings(), data_nodes, planned=True))
+            nested_limit = index_settings.get("mapping", {}).get("nested_objects", {}).get("limit")
+            errors.extend(self._holders_warnings(index, int(nested_limit or NESTED_OBJECTS_LIMIT)))
+        missing = [i for i in self.lock_indices if i not in found]
+        if data_nodes > 1 and missing:  # judged by the settings they will be created with
+            errors.extend(self._durability_warnings(missing[0], self._index_settings(), data_nodes, planned=True))
+        if missing:
+            errors.extend(self._holders_warnings(missing[0], NESTED_OBJECTS_LIMIT, planned=True))
+        errors.extend(self._bulk_warnings(content_lengths))
         return errors
+
+    def _holders_warnings(self, index: str, nested_limit: int, *, planned: bool = False) -> list[checks.CheckMessage]:
+        """Warn when ``max_holders_per_node`` lets a node keep more holders than the index's nested-objects limit."""
+        if self.max_holders_per_node <= nested_limit:
+            return []
+        which = "would be created with" if planned else "has"
+        return [
+            checks.Warning(
+                f"OPTIONS['max_holders_per_node'] is {self.max_holders_per_node:,}, but lock index {index!r} {which} "
+                f"index.mapping.nested_objects.limit {nested_limit:,}: Elasticsearch refuses a node past it (400).",
+                hint=f"Lower OPTIONS['max_holders_per_node'] to {nested_limit:,}, or raise the limit "
+                f'(PUT {index}/_settings {{"index.mapping.nested_objects.limit": {self.max_holders_per_node}}}).',
+                id="django_esdlock.W007",
+            )
+        ]
+
+    def largest_bulk(self) -> int:
+        """Return the bytes of the largest ``_bulk`` a request within the caps may send, about (an upper bound).
+
+        A document lock of ``MAX_IDS_PER_REQUEST`` ids, each renewed with a
+        checkpoint of ``MAX_CHECKPOINT_BYTES``, or a tree lock of the deepest
+        path that carries an intent of ``MAX_INTENT_BYTES``; ids and paths of
+        the longest key.
+        """
+        node = Node("n" * 100, Kind.DOCUMENT, "k" * paths.MAX_PATH_LENGTH)
+        request = LockRequest(
+            "h" * 32, Owner.current(), ((node, modes.Mode.X),), self.ttl, reentrant=True, ticket=time.time_ns()
+        )
+        holder = {"id": request.holder_id, "owner": request.owner.as_dict(), "has_intent": True}
+        grant = Grant(request, 1 << 50, (node,))
+        items = [
+            self._acquire_items(request.targets, holder, request),
+            self._create_item(node, modes.Mode.X, holder, request),
+            self._scripted(node, scripts.RENEW, renew_params(grant, None, {"state": "running", "attempts": 99})),
+        ]
+        item = max(sum(len(json.dumps(line, ensure_ascii=False).encode()) + 1 for line in lines) for lines in items)
+        documents = self.limits.ids_per_request * (item + self.limits.checkpoint_bytes)
+        tree = paths.MAX_DEPTH * item + max(self.limits.intent_bytes, self.limits.checkpoint_bytes)
+        return max(documents, tree)
+
+    def _bulk_warnings(self, content_lengths: Sequence[int]) -> list[checks.CheckMessage]:
+        """Warn when the caps let a request send a ``_bulk`` larger than a node's ``http.max_content_length``."""
+        if not content_lengths:
+            return []
+        largest, limit = self.largest_bulk(), min(content_lengths)
+        if largest <= limit:
+            return []
+        return [
+            checks.Warning(
+                f"LOCK_BACKEND's caps let one request send a _bulk of about {largest:,} bytes, over the "
+                f"http.max_content_length of {limit:,} bytes of an Elasticsearch node: it would be refused (413).",
+                hint="Lower LOCK_BACKEND['MAX_IDS_PER_REQUEST'], ['MAX_CHECKPOINT_BYTES'] or ['MAX_INTENT_BYTES'], "
+                "or raise http.max_content_length on every node.",
+                id="django_esdlock.W007",
+            )
+        ]
 
     def _durability_warnings(
         self, index: str, settings: Mapping[str, Any], data_nodes: int, *, planned: bool = False

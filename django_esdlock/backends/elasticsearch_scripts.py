@@ -14,7 +14,10 @@ real Elasticsearch 8/9 cluster and on the noida-db test server:
 
 Expiry is judged by ``ctx._now``, the primary shard's clock. A holder that
 expired without an ``intent`` is gone; one with an intent is kept, still
-blocks conflicting requests and is left for the reaper to recover.
+blocks conflicting requests and is left for the reaper to recover. The
+intent (and the checkpoint) is kept on the holder's main node alone (its S
+or X node): on its other nodes ``has_intent`` marks it, and counts the
+same (``intent`` alone marks the holders of an older release).
 
 Keep the sources short: noida-db parses a script on every execution, so its
 cost grows with the source's code, executed or not. A real cluster compiles
@@ -129,6 +132,10 @@ ACQUIRE = (
 // A release tombstone of params.holder.id (a give-back of this same request)
 // is dropped: a tombstone never stands beside its holder, so it proves only
 // the release that wrote it (see RELEASE).
+//
+// A node that keeps params.max_holders holders refuses a new one, as a
+// conflict would: Elasticsearch refuses a document with more nested objects
+// than the index's `index.mapping.nested_objects.limit`.
 long now = ctx._now;
 List kept = new ArrayList();
 boolean refused = false;
@@ -138,7 +145,7 @@ if (ctx._source.holders != null) {
   for (def h : ctx._source.holders) {
     long expiresAt = h.expires_at;
     boolean live = expiresAt > now;
-    if (h.id != params.holder.id && (live || h.intent != null)) {
+    if (h.id != params.holder.id && (live || h.intent != null || h.has_intent != null)) {
       kept.add(h);
       if (live && h.owner.key == params.holder.owner.key) {
         inside = true;
@@ -175,6 +182,9 @@ if (ctx._source.waiters != null) {
       }
     }
   }
+}
+if (!reentered && kept.size() >= params.max_holders) {
+  refused = true;
 }
 if (reentered || (refused && params.ticket == null)) {
   ctx.op = 'none';
@@ -232,7 +242,7 @@ for (def h : ctx._source.holders) {
   long expiresAt = h.expires_at;
   if (h.id == params.holder_id && (params.owner_key == null || h.owner.key == params.owner_key)) {
     removed = true;
-  } else if (expiresAt > now || h.intent != null) {
+  } else if (expiresAt > now || h.intent != null || h.has_intent != null) {
     kept.add(h);
   }
 }
@@ -299,7 +309,8 @@ if (!had) {
 
 RENEW = """
 // Extend the lease of holder params.holder_id from now, record its fencing
-// token and, when given, its checkpoint and recovery state. A no-op when the
+// token and, when given, its checkpoint (sent for its main node alone) and
+// recovery state. A no-op when the
 // holder is gone, taken over by another owner, or its lease already ran out:
 // an expired lease is never revived.
 long now = ctx._now;
@@ -343,7 +354,7 @@ long cutoff = now - params.grace_ms;
 List kept = new ArrayList();
 for (def h : ctx._source.holders) {
   long expiresAt = h.expires_at;
-  if (expiresAt > cutoff || h.intent != null) {
+  if (expiresAt > cutoff || h.intent != null || h.has_intent != null) {
     kept.add(h);
   }
 }

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from ... import paths
-from ...modes import Mode
+from ...modes import Mode, is_grant
 from ...records import Grant, HolderRecord, Kind, LockRequest, Node, Owner, WaiterRecord, from_epoch_ms
 
 Work = tuple[Any, bool]
@@ -160,9 +160,16 @@ def _unjson(value: Any) -> Any:
 
 
 def record(row: Sequence[Any]) -> HolderRecord:
-    """A HolderRecord from a row of ``RECORD_COLUMNS`` (every dialect selects the same columns)."""
+    """A HolderRecord from a row of ``RECORD_COLUMNS`` (every dialect selects the same columns).
+
+    Intent and checkpoint belong to the holder's main node (its S or X node):
+    the records of its other nodes carry neither, on every store (PostgreSQL
+    keeps them once per grant; SQLite rows of an older release had copies).
+    """
     namespace, kind, key, _node_id, holder_id, mode, owner, token, acquired_ms, expires_ms, *json_columns = row
     intent, checkpoint, recovery = (_unjson(value) for value in json_columns)
+    if not is_grant(mode):
+        intent = checkpoint = None
     expires_at = from_epoch_ms(expires_ms)
     assert expires_at is not None
     return HolderRecord(

@@ -16,7 +16,10 @@ Within these limits it keeps the semantics of PostgreSQL on one machine:
 
 Layout: one ``esdlock_node`` row per held node (deleted with its last
 holder), one ``esdlock_holder`` row per holder of a node, markers in
-``esdlock_waiter``. Rules every statement keeps: values only as parameters;
+``esdlock_waiter``. A holder's intent and checkpoint are on the row of its
+main node (its S or X node) alone; its other rows (IS/IX ancestors, shared
+with every other lock below them) count as carrying it (:func:`_has_intent`).
+Rules every statement keeps: values only as parameters;
 node ids as one JSON array parameter (``json_each``), so each statement is
 one constant text whatever the number of nodes; each transaction reads the
 clock once (``NOW``) and passes it on, so all its statements agree; a holder
@@ -56,6 +59,11 @@ def _sqlite_ms(column: str) -> str:
     return f"CAST(round((julianday({column}) - 2440587.5) * 86400000.0) AS INTEGER)"
 
 
+def _has_intent(row: str) -> str:
+    """Whether the holder of row ``row`` carries an intent, on this row or its main node's: expired, it blocks."""
+    return f"EXISTS (SELECT 1 FROM esdlock_holder i WHERE i.holder_id = {row}.holder_id AND i.intent IS NOT NULL)"
+
+
 class SQLiteSQL:
     """Statements for SQLite: ``BEGIN IMMEDIATE`` makes every write transaction the only one.
 
@@ -82,10 +90,12 @@ SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(va
        json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]')
 FROM json_each(%(nodes)s)
 """
+    # Whether a holder carries an intent is looked up only for expired ones (it is what keeps them).
     READ_HOLDERS = f"""
-SELECT node_id, holder_id, mode, owner_key, intent IS NOT NULL, expires_at > %(now)s
-FROM esdlock_holder
-WHERE node_id IN {_SQLITE_IDS}
+SELECT h.node_id, h.holder_id, h.mode, h.owner_key, h.expires_at <= %(now)s AND {_has_intent("h")},
+       h.expires_at > %(now)s
+FROM esdlock_holder h
+WHERE h.node_id IN {_SQLITE_IDS}
 """
     READ_WAITERS = f"""
 SELECT node_id, holder_id, mode, ticket FROM esdlock_waiter WHERE node_id IN {_SQLITE_IDS} AND expires_at > %(now)s
@@ -119,15 +129,17 @@ ORDER BY w.node_id, w.ticket
     # holder (a retried request), which is written afresh below.
     EVICT_FOR_ACQUIRE = f"""
 DELETE FROM esdlock_holder
-WHERE node_id IN {_SQLITE_IDS} AND (holder_id = %(holder_id)s OR (intent IS NULL AND expires_at <= %(now)s))
+WHERE node_id IN {_SQLITE_IDS}
+  AND (holder_id = %(holder_id)s OR (expires_at <= %(now)s AND NOT {_has_intent("esdlock_holder")}))
 """
     NEXT_TOKEN = f"UPDATE {TOKEN_COUNTER} SET value = value + 1"
     READ_TOKEN = f"SELECT value FROM {TOKEN_COUNTER}"
+    # ``taken``: [node id, mode, whether it is a main node (the intent goes there alone)].
     WRITE_HOLDERS = f"""
 INSERT INTO esdlock_holder
     (node_id, holder_id, mode, owner, owner_key, token, acquired_at, expires_at, intent, checkpoint, recovery)
 SELECT json_extract(value, '$[0]'), %(holder_id)s, json_extract(value, '$[1]'), %(owner)s, %(owner_key)s,
-       %(token)s, %(now)s, {_SQLITE_TIME}, %(intent)s, NULL, NULL
+       %(token)s, %(now)s, {_SQLITE_TIME}, CASE WHEN json_extract(value, '$[2]') THEN %(intent)s END, NULL, NULL
 FROM json_each(%(taken)s)
 """
     # A null owner key releases whoever owns the holder (a forced release).
@@ -136,15 +148,19 @@ DELETE FROM esdlock_holder
 WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s AND (%(owner_key)s IS NULL OR owner_key = %(owner_key)s)
 """
     EVICT_EXPIRED_ON = f"""
-DELETE FROM esdlock_holder WHERE node_id IN {_SQLITE_IDS} AND intent IS NULL AND expires_at <= %(cutoff)s
+DELETE FROM esdlock_holder
+WHERE node_id IN {_SQLITE_IDS} AND expires_at <= %(cutoff)s AND NOT {_has_intent("esdlock_holder")}
 """
     DELETE_EMPTY_NODES = f"""
 DELETE FROM esdlock_node
 WHERE id IN {_SQLITE_IDS} AND NOT EXISTS (SELECT 1 FROM esdlock_holder h WHERE h.node_id = esdlock_node.id)
 """
+    # The checkpoint goes to the main nodes (``main_ids``) alone.
     RENEW = f"""
 UPDATE esdlock_holder
-SET expires_at = {_SQLITE_TIME}, token = %(token)s, checkpoint = COALESCE(%(checkpoint)s, checkpoint),
+SET expires_at = {_SQLITE_TIME}, token = %(token)s,
+    checkpoint = CASE WHEN node_id IN (SELECT value FROM json_each(%(main_ids)s))
+                      THEN COALESCE(%(checkpoint)s, checkpoint) ELSE checkpoint END,
     recovery = COALESCE(%(recovery)s, recovery)
 WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s AND owner_key = %(owner_key)s
   AND expires_at > %(now)s
@@ -196,12 +212,12 @@ n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner, h.token,
         "host": "json_extract(h.owner, '$.host') = %(host)s",
         "expired": "h.expires_at <= %(now)s",
         "live": "h.expires_at > %(now)s",
-        "blocking": "(h.expires_at > %(now)s OR h.intent IS NOT NULL)",
+        "blocking": f"(h.expires_at > %(now)s OR {_has_intent('h')})",
         "holder_id": "h.holder_id = %(holder_id)s",
         "node_id": "h.node_id = %(node_id)s",
         "on_nodes": f"h.node_id IN {_SQLITE_IDS}",
-        "evictable": "h.intent IS NULL AND h.expires_at <= %(cutoff)s",
-        "awaiting_recovery": "h.intent IS NOT NULL AND h.expires_at <= %(cutoff)s",
+        "evictable": f"h.expires_at <= %(cutoff)s AND NOT {_has_intent('h')}",
+        "awaiting_recovery": f"h.expires_at <= %(cutoff)s AND {_has_intent('h')}",
     }
     RECORDS = records_query(RECORD_COLUMNS, NODE_ORDER, "h.holder_id", **_HOLDERS)
 
@@ -337,7 +353,7 @@ class SQLiteDialect(Dialect):
         cursor.execute(
             SQLiteSQL.WRITE_HOLDERS,
             {
-                "taken": json.dumps([[node.id, mode.value] for node, mode in decision.writes]),
+                "taken": json.dumps([[node.id, mode.value, modes.is_grant(mode)] for node, mode in decision.writes]),
                 "holder_id": request.holder_id,
                 "owner": json_text(request.owner.as_dict()),
                 "owner_key": request.owner.key,
@@ -368,6 +384,7 @@ class SQLiteDialect(Dialect):
 
     def renew(self, cursor: Any, grant: Grant, checkpoint: str | None, recovery: str | None) -> tuple[bool, bool]:
         ids = sorted({node.id for node in grant.taken})
+        asked = dict(grant.request.targets)
         now = _now(cursor)
         params = {
             "holder_id": grant.request.holder_id,
@@ -376,6 +393,7 @@ class SQLiteDialect(Dialect):
             "checkpoint": checkpoint,
             "recovery": recovery,
             "ids": json.dumps(ids),
+            "main_ids": json.dumps([node.id for node in grant.taken if modes.is_grant(asked[node])]),
             "now": now,
             "offset": _offset(grant.request.ttl_ms),
         }
