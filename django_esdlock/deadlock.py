@@ -17,11 +17,17 @@ confirms the cycle on a second read first: every holder and marker of the
 cycle was there in both reads (holder ids are never reused, a granted
 request never waits again), so at the start of the second read the whole
 cycle stood at once, and a deadlock does not undo itself.
+
+Reading the graph costs near-linear time in the markers and holders read
+(see ``WaitForGraph``): a crowd of thousands queued on one lock is the moment
+someone opens the waiting page, and the moment it must still answer.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -84,45 +90,6 @@ def owner_label(owner: Mapping[str, Any]) -> str:
     return f"{owner.get('host', '?')} pid {owner.get('pid', '?')} {owner.get('thread_name', '')}".strip()
 
 
-def wait_edges(state: WaitState) -> list[WaitEdge]:
-    """Return every edge of the wait-for graph of ``state``, in a stable order."""
-    holders_on: dict[Node, list[HolderRecord]] = defaultdict(list)
-    for holder in state.holders:
-        holders_on[holder.node].append(holder)
-    markers_on: dict[Node, list[WaiterRecord]] = defaultdict(list)
-    for marker in state.waiters:
-        markers_on[marker.node].append(marker)
-    edges = []
-    for waiter in state.waiters:
-        me = waiter.owner_key
-        inside = False
-        for holder in holders_on[waiter.node]:
-            owner = holder.owner_key
-            if owner == me:
-                inside = True
-            elif not compatible(holder.mode, waiter.mode):
-                edges.append(
-                    WaitEdge(waiter.holder_id, me, waiter.node, waiter.mode, holder.holder_id, owner, holder.mode)
-                )
-        if inside:
-            continue  # the store lets a holder's owner past the queue of its node
-        for earlier in markers_on[waiter.node]:
-            if earlier.owner_key != me and earlier.ticket < waiter.ticket and not compatible(earlier.mode, waiter.mode):
-                edges.append(
-                    WaitEdge(
-                        waiter.holder_id,
-                        me,
-                        waiter.node,
-                        waiter.mode,
-                        earlier.holder_id,
-                        earlier.owner_key,
-                        earlier.mode,
-                        queued=True,
-                    )
-                )
-    return sorted(edges, key=lambda e: (e.waiter, e.blocker_owner, e.node, e.blocker))
-
-
 def waiting_requests(state: WaitState) -> dict[str, WaitingRequest]:
     """Return the waiting requests of ``state`` by holder id."""
     markers: dict[str, list[WaiterRecord]] = defaultdict(list)
@@ -180,54 +147,385 @@ class Cycle:
         }
 
 
+def edge_order(edge: WaitEdge) -> tuple[str, str, Node, str]:
+    """The stable order of edges: by waiting request, then by the owner, node and holder id it waits for."""
+    return (edge.waiter, edge.blocker_owner, edge.node, edge.blocker)
+
+
+_CONFLICTS: dict[Mode, tuple[Mode, ...]] = {
+    asked: tuple(held for held in Mode if not compatible(held, asked)) for asked in Mode
+}
+"""For each mode asked, the modes that refuse it, in a fixed order."""
+
+
+class WaitForGraph:
+    """The wait-for graph of one read of the store, indexed once: its edges, deadlocked owners and cycles.
+
+    A marker waits for every holder of its node in a conflicting mode and,
+    unless its owner holds the node, for every earlier marker there in a
+    conflicting mode; never for its own owner. That relation has n²/2 pairs
+    for a queue of n conflicting waiters, so it is never listed whole:
+
+    - :attr:`edges` are what people read: each marker's conflicting holders,
+      and per conflicting mode only the nearest earlier marker of another
+      owner (which itself queues behind, or is, the next one of the queue);
+    - owners are grouped into strongly connected components (one iterative
+      Tarjan pass) on a graph of O(markers + holders) vertices and edges with
+      the relation's reachability between owners: a marker points at one
+      vertex per conflicting mode standing for all holders of its node in
+      that mode, and at one vertex of a chain per mode that stands for the
+      markers of the node in that mode up to the last one older than itself
+      (each chain vertex points at its marker's owner and at the one before).
+      Such a path leads exactly to the owners the relation names, and at
+      worst to the marker's own owner as well, which joins no two owners;
+      so two owners are in one component iff each waits, through others, for
+      the other: a deadlock;
+    - :meth:`find_cycle` runs the depth-first search of the relation, in its
+      order, among the owners of the start's component only. Leaving the
+      others out changes nothing: an owner the start's owner waits for but
+      that does not wait back for it (outside the component) leads only to
+      such owners, never back; so the cycle found is the one a search of the
+      whole relation finds, at the cost of the component's own edges.
+    """
+
+    def __init__(self, state: WaitState) -> None:
+        self.state = state
+        self.requests: dict[str, WaitingRequest] = waiting_requests(state)
+        self._holders_on: dict[Node, list[HolderRecord]] = defaultdict(list)
+        self._held_in: dict[tuple[Node, Mode], list[HolderRecord]] = defaultdict(list)
+        for holder in state.holders:
+            self._holders_on[holder.node].append(holder)
+            self._held_in[(holder.node, holder.mode)].append(holder)
+        # The store lets a holder's owner past the queue of its node: its markers there queue behind nobody.
+        self._inside = {(holder.node, holder.owner_key) for holder in state.holders}
+        queues: dict[tuple[Node, Mode], list[WaiterRecord]] = defaultdict(list)
+        for marker in state.waiters:
+            queues[(marker.node, marker.mode)].append(marker)
+        self._queue = {key: sorted(markers, key=lambda m: m.ticket) for key, markers in queues.items()}
+        self._tickets = {key: [m.ticket for m in markers] for key, markers in self._queue.items()}
+        self._of_owner: dict[str, list[WaitingRequest]] = defaultdict(list)
+        for request in self.requests.values():
+            self._of_owner[request.owner_key].append(request)
+
+    # --- what people read -----------------------------------------------------
+
+    @functools.cached_property
+    def edges(self) -> list[WaitEdge]:
+        """Each marker's conflicting holders and, per conflicting mode, the nearest earlier marker of another owner.
+
+        At most four queued edges a marker: the page and ``reap_locks`` show
+        a queue as a chain, where a search for deadlocks follows every pair.
+        """
+        edges = []
+        for marker in self.state.waiters:
+            me = marker.owner_key
+            for mode in _CONFLICTS[marker.mode]:
+                for holder in self._held_in.get((marker.node, mode), ()):
+                    if holder.owner_key != me:
+                        edges.append(_holder_edge(marker, holder))
+            if (marker.node, me) in self._inside:
+                continue
+            for mode in _CONFLICTS[marker.mode]:
+                earlier = self._nearest_earlier(marker, mode)
+                if earlier is not None:
+                    edges.append(_queued_edge(marker, earlier))
+        return sorted(edges, key=edge_order)
+
+    def _nearest_earlier(self, marker: WaiterRecord, mode: Mode) -> WaiterRecord | None:
+        """Return the latest marker in ``mode`` on ``marker``'s node older than it, of another owner."""
+        key = (marker.node, mode)
+        tickets = self._tickets.get(key)
+        if not tickets:
+            return None
+        queue = self._queue[key]
+        at = bisect.bisect_left(tickets, marker.ticket) - 1
+        while at >= 0 and queue[at].owner_key == marker.owner_key:
+            at -= 1
+        return queue[at] if at >= 0 else None
+
+    # --- deadlocks --------------------------------------------------------------
+
+    @functools.cached_property
+    def _deadlocked(self) -> dict[str, frozenset[str]]:
+        """The owners in a deadlock, each with the owners of its strongly connected component (two or more)."""
+        vertex_of: dict[str, int] = {}
+        adjacency: list[list[int]] = []
+
+        def vertex() -> int:
+            adjacency.append([])
+            return len(adjacency) - 1
+
+        def owner(key: str) -> int:
+            found = vertex_of.get(key)
+            if found is None:
+                found = vertex_of[key] = vertex()
+            return found
+
+        all_held: dict[tuple[Node, Mode], int] = {}
+        for key, holders in self._held_in.items():
+            group = all_held[key] = vertex()
+            adjacency[group].extend(owner(h.owner_key) for h in holders)
+        chains: dict[tuple[Node, Mode], list[int]] = {}
+        for key, queue in self._queue.items():
+            chain = chains[key] = []
+            for marker in queue:
+                link = vertex()
+                adjacency[link].append(owner(marker.owner_key))
+                if chain:
+                    adjacency[link].append(chain[-1])
+                chain.append(link)
+        for marker in self.state.waiters:
+            me = owner(marker.owner_key)
+            queued = (marker.node, marker.owner_key) not in self._inside
+            for mode in _CONFLICTS[marker.mode]:
+                key = (marker.node, mode)
+                if key in all_held:
+                    adjacency[me].append(all_held[key])
+                if queued and key in chains:
+                    older = bisect.bisect_left(self._tickets[key], marker.ticket)
+                    if older:
+                        adjacency[me].append(chains[key][older - 1])
+        component = strong_components(adjacency)
+        members: dict[int, set[str]] = defaultdict(set)
+        for key, at in vertex_of.items():
+            members[component[at]].add(key)
+        deadlocked: dict[str, frozenset[str]] = {}
+        for owners in members.values():
+            if len(owners) > 1:
+                together = frozenset(owners)
+                deadlocked.update(dict.fromkeys(together, together))
+        return deadlocked
+
+    @functools.cached_property
+    def _records_of(self) -> tuple[dict[Node, list[HolderRecord]], dict[Node, list[WaiterRecord]]]:
+        """The holders and markers of deadlocked owners by node, in the order of the read."""
+        deadlocked = self._deadlocked
+        holders: dict[Node, list[HolderRecord]] = defaultdict(list)
+        for holder in self.state.holders:
+            if holder.owner_key in deadlocked:
+                holders[holder.node].append(holder)
+        markers: dict[Node, list[WaiterRecord]] = defaultdict(list)
+        for marker in self.state.waiters:
+            if marker.owner_key in deadlocked:
+                markers[marker.node].append(marker)
+        return holders, markers
+
+    @property
+    def deadlocks(self) -> list[frozenset[str]]:
+        """The owner keys of each deadlock: a strongly connected component of two or more owners."""
+        return sorted(set(self._deadlocked.values()), key=min)
+
+    def _edges_among(self, request: WaitingRequest, owners: frozenset[str]) -> list[WaitEdge]:
+        """Every edge of the relation out of ``request`` that leads to one of ``owners``, in :func:`edge_order`."""
+        holders_on, markers_on = self._records_of
+        edges = []
+        for marker in request.markers:
+            me = marker.owner_key
+            for holder in holders_on.get(marker.node, ()):
+                if holder.owner_key != me and holder.owner_key in owners and not compatible(holder.mode, marker.mode):
+                    edges.append(_holder_edge(marker, holder))
+            if (marker.node, me) in self._inside:
+                continue
+            for earlier in markers_on.get(marker.node, ()):
+                if (
+                    earlier.owner_key != me
+                    and earlier.owner_key in owners
+                    and earlier.ticket < marker.ticket
+                    and not compatible(earlier.mode, marker.mode)
+                ):
+                    edges.append(_queued_edge(marker, earlier))
+        return sorted(edges, key=edge_order)
+
+    def find_cycle(self, holder_id: str) -> Cycle | None:
+        """Return a cycle through request ``holder_id``, or None: see :func:`find_cycle`."""
+        start = self.requests.get(holder_id)
+        if start is None:
+            return None
+        owners = self._deadlocked.get(start.owner_key)
+        if owners is None:
+            return None
+        return self._search(start, owners)
+
+    def _search(self, start: WaitingRequest, owners: frozenset[str]) -> Cycle | None:
+        """Search depth first from ``start`` for an edge back to its owner, among ``owners``.
+
+        From a request, its edges in :func:`edge_order`; through an edge to an
+        owner not met yet, each of that owner's requests in holder id order.
+        Iterative: a chain of thousands of waiting owners is no recursion.
+        """
+        goal = start.owner_key
+        met = {goal}
+        path: list[tuple[WaitingRequest, WaitEdge]] = []
+        # A request's frame: [request, its edges, next edge]; an owner's: [its requests, next request].
+        frames: list[list[Any]] = [[start, self._edges_among(start, owners), 0]]
+        while frames:
+            frame = frames[-1]
+            if len(frame) == 3:
+                request, edges, at = frame
+                if at == len(edges):
+                    frames.pop()
+                    continue
+                frame[2] = at + 1
+                edge = edges[at]
+                if edge.blocker_owner == goal:
+                    path.append((request, edge))
+                    return Cycle(tuple(r for r, _ in path), tuple(e for _, e in path))
+                if edge.blocker_owner not in met:
+                    met.add(edge.blocker_owner)
+                    path.append((request, edge))
+                    frames.append([self._of_owner.get(edge.blocker_owner, []), 0])
+            else:
+                requests, at = frame
+                if at == len(requests):
+                    frames.pop()
+                    path.pop()  # no way back through this owner
+                    continue
+                frame[1] = at + 1
+                frames.append([requests[at], self._edges_among(requests[at], owners), 0])
+        return None
+
+    def cycles(self) -> list[Cycle]:
+        """Return one cycle per deadlock (component): see :func:`cycles`."""
+        found = []
+        for owners in self.deadlocks:
+            requests = sorted((r for o in owners for r in self._of_owner.get(o, ())), key=lambda r: r.holder_id)
+            for request in requests:
+                cycle = self._search(request, owners)
+                if cycle is not None:
+                    found.append((request.holder_id, cycle))
+                    break
+        return [cycle for _, cycle in sorted(found, key=lambda item: item[0])]
+
+    # --- a second read ------------------------------------------------------------
+
+    @functools.cached_property
+    def _at(self) -> tuple[dict[tuple[str, Node], list[HolderRecord]], dict[tuple[str, Node], list[WaiterRecord]]]:
+        holders: dict[tuple[str, Node], list[HolderRecord]] = defaultdict(list)
+        for holder in self.state.holders:
+            holders[(holder.holder_id, holder.node)].append(holder)
+        markers: dict[tuple[str, Node], list[WaiterRecord]] = defaultdict(list)
+        for marker in self.state.waiters:
+            markers[(marker.holder_id, marker.node)].append(marker)
+        return holders, markers
+
+    def stands(self, edge: WaitEdge) -> bool:
+        """Return True if the relation has an edge with ``edge``'s :attr:`~WaitEdge.key` in this read."""
+        holders_at, markers_at = self._at
+        for marker in markers_at.get((edge.waiter, edge.node), ()):
+            me = marker.owner_key
+            if me != edge.waiter_owner or edge.blocker_owner == me:
+                continue
+            for holder in holders_at.get((edge.blocker, edge.node), ()):
+                if holder.owner_key == edge.blocker_owner and not compatible(holder.mode, marker.mode):
+                    return True
+            if (marker.node, me) in self._inside:
+                continue
+            for earlier in markers_at.get((edge.blocker, edge.node), ()):
+                if (
+                    earlier.owner_key == edge.blocker_owner
+                    and earlier.ticket < marker.ticket
+                    and not compatible(earlier.mode, marker.mode)
+                ):
+                    return True
+        return False
+
+
+def _holder_edge(marker: WaiterRecord, holder: HolderRecord) -> WaitEdge:
+    return WaitEdge(
+        marker.holder_id, marker.owner_key, marker.node, marker.mode, holder.holder_id, holder.owner_key, holder.mode
+    )
+
+
+def _queued_edge(marker: WaiterRecord, earlier: WaiterRecord) -> WaitEdge:
+    return WaitEdge(
+        marker.holder_id,
+        marker.owner_key,
+        marker.node,
+        marker.mode,
+        earlier.holder_id,
+        earlier.owner_key,
+        earlier.mode,
+        queued=True,
+    )
+
+
+def strong_components(adjacency: list[list[int]]) -> list[int]:
+    """Return the strongly connected component of each vertex of ``adjacency`` (Tarjan's algorithm, iterative)."""
+    count = len(adjacency)
+    index = [-1] * count
+    low = [0] * count
+    on_stack = [False] * count
+    component = [-1] * count
+    stack: list[int] = []
+    visited = components = 0
+    for root in range(count):
+        if index[root] != -1:
+            continue
+        index[root] = low[root] = visited
+        visited += 1
+        stack.append(root)
+        on_stack[root] = True
+        work = [(root, 0)]
+        while work:
+            v, at = work[-1]
+            out = adjacency[v]
+            if at < len(out):
+                work[-1] = (v, at + 1)
+                w = out[at]
+                if index[w] == -1:
+                    index[w] = low[w] = visited
+                    visited += 1
+                    stack.append(w)
+                    on_stack[w] = True
+                    work.append((w, 0))
+                elif on_stack[w] and index[w] < low[v]:
+                    low[v] = index[w]
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                if low[v] < low[parent]:
+                    low[parent] = low[v]
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on_stack[w] = False
+                    component[w] = components
+                    if w == v:
+                        break
+                components += 1
+    return component
+
+
+def wait_edges(state: WaitState) -> list[WaitEdge]:
+    """Return the edges of ``state`` people read (:attr:`WaitForGraph.edges`), in :func:`edge_order`."""
+    return list(WaitForGraph(state).edges)
+
+
 def find_cycle(state: WaitState, holder_id: str) -> Cycle | None:
     """Return a cycle of the wait-for graph through request ``holder_id``, or None.
 
-    The search is depth first in a stable order, so callers that read the
-    same state find the same cycle.
+    The search is depth first in a stable order (each request's edges in
+    :func:`edge_order`, each owner's requests by holder id), over every
+    edge of the relation among the owners of the request's deadlock, so
+    callers that read the same state find the same cycle.
     """
-    requests = waiting_requests(state)
-    start = requests.get(holder_id)
-    if start is None:
-        return None
-    by_waiter: dict[str, list[WaitEdge]] = defaultdict(list)
-    for edge in wait_edges(state):
-        by_waiter[edge.waiter].append(edge)
-    of_owner: dict[str, list[WaitingRequest]] = defaultdict(list)
-    for request in requests.values():
-        of_owner[request.owner_key].append(request)
-
-    seen_owners = {start.owner_key}
-    path: list[tuple[WaitingRequest, WaitEdge]] = []
-
-    def search(request: WaitingRequest) -> bool:
-        for edge in by_waiter[request.holder_id]:
-            path.append((request, edge))
-            if edge.blocker_owner == start.owner_key:
-                return True
-            if edge.blocker_owner not in seen_owners:
-                seen_owners.add(edge.blocker_owner)
-                if any(search(nxt) for nxt in of_owner[edge.blocker_owner]):
-                    return True
-            path.pop()
-        return False
-
-    if not search(start):
-        return None
-    return Cycle(tuple(r for r, _ in path), tuple(e for _, e in path))
+    return WaitForGraph(state).find_cycle(holder_id)
 
 
 def cycles(state: WaitState) -> list[Cycle]:
-    """Return the distinct cycles found through each waiting request (for display)."""
-    found: dict[frozenset[str], Cycle] = {}
-    for holder_id in waiting_requests(state):
-        cycle = find_cycle(state, holder_id)
-        if cycle is not None:
-            found.setdefault(frozenset(r.holder_id for r in cycle.requests), cycle)
-    return list(found.values())
+    """Return one cycle per deadlock (a strongly connected component of owners), for display.
+
+    Each is the cycle :func:`find_cycle` finds through the component's first
+    request (by holder id) that lies on one; they come in that order. Where
+    a component is one ring of owners, as a deadlock usually is, that is
+    every cycle there is; a component that knots several rings together
+    shows one of them (:attr:`WaitForGraph.deadlocks` has every member).
+    """
+    return WaitForGraph(state).cycles()
 
 
 def confirmed(cycle: Cycle, state: WaitState) -> bool:
     """Return True if every edge of ``cycle`` stands in ``state`` (a later read), with the same members."""
-    standing = {edge.key for edge in wait_edges(state)}
-    return all(edge.key in standing for edge in cycle.edges)
+    graph = WaitForGraph(state)
+    return all(graph.stands(edge) for edge in cycle.edges)
