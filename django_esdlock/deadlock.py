@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import sys
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -191,13 +192,14 @@ class WaitForGraph:
     def __init__(self, state: WaitState) -> None:
         self.state = state
         self.requests: dict[str, WaitingRequest] = waiting_requests(state)
-        self._holders_on: dict[Node, list[HolderRecord]] = defaultdict(list)
+        # Each record's owner key, worked out once (by the record's identity: records hold dicts, no hash).
+        self._key: dict[int, str] = {id(r): r.owner_key for records in (state.holders, state.waiters) for r in records}
+        key = self._key
         self._held_in: dict[tuple[Node, Mode], list[HolderRecord]] = defaultdict(list)
         for holder in state.holders:
-            self._holders_on[holder.node].append(holder)
             self._held_in[(holder.node, holder.mode)].append(holder)
         # The store lets a holder's owner past the queue of its node: its markers there queue behind nobody.
-        self._inside = {(holder.node, holder.owner_key) for holder in state.holders}
+        self._inside = {(holder.node, key[id(holder)]) for holder in state.holders}
         queues: dict[tuple[Node, Mode], list[WaiterRecord]] = defaultdict(list)
         for marker in state.waiters:
             queues[(marker.node, marker.mode)].append(marker)
@@ -206,6 +208,7 @@ class WaitForGraph:
         self._of_owner: dict[str, list[WaitingRequest]] = defaultdict(list)
         for request in self.requests.values():
             self._of_owner[request.owner_key].append(request)
+        self._components: dict[frozenset[str], _Component] = {}
 
     # --- what people read -----------------------------------------------------
 
@@ -216,30 +219,31 @@ class WaitForGraph:
         At most four queued edges a marker: the page and ``reap_locks`` show
         a queue as a chain, where a search for deadlocks follows every pair.
         """
+        key = self._key
         edges = []
         for marker in self.state.waiters:
-            me = marker.owner_key
+            me = key[id(marker)]
             for mode in _CONFLICTS[marker.mode]:
                 for holder in self._held_in.get((marker.node, mode), ()):
-                    if holder.owner_key != me:
-                        edges.append(_holder_edge(marker, holder))
+                    blocker = key[id(holder)]
+                    if blocker != me:
+                        edges.append(_holder_edge(marker, me, holder, blocker))
             if (marker.node, me) in self._inside:
                 continue
             for mode in _CONFLICTS[marker.mode]:
-                earlier = self._nearest_earlier(marker, mode)
+                earlier = self._nearest_earlier(marker, me, mode)
                 if earlier is not None:
-                    edges.append(_queued_edge(marker, earlier))
+                    edges.append(_queued_edge(marker, me, earlier, key[id(earlier)]))
         return sorted(edges, key=edge_order)
 
-    def _nearest_earlier(self, marker: WaiterRecord, mode: Mode) -> WaiterRecord | None:
-        """Return the latest marker in ``mode`` on ``marker``'s node older than it, of another owner."""
-        key = (marker.node, mode)
-        tickets = self._tickets.get(key)
+    def _nearest_earlier(self, marker: WaiterRecord, me: str, mode: Mode) -> WaiterRecord | None:
+        """Return the latest marker in ``mode`` on ``marker``'s node older than it, of another owner than ``me``."""
+        tickets = self._tickets.get((marker.node, mode))
         if not tickets:
             return None
-        queue = self._queue[key]
+        queue = self._queue[(marker.node, mode)]
         at = bisect.bisect_left(tickets, marker.ticket) - 1
-        while at >= 0 and queue[at].owner_key == marker.owner_key:
+        while at >= 0 and self._key[id(queue[at])] == me:
             at -= 1
         return queue[at] if at >= 0 else None
 
@@ -248,47 +252,55 @@ class WaitForGraph:
     @functools.cached_property
     def _deadlocked(self) -> dict[str, frozenset[str]]:
         """The owners in a deadlock, each with the owners of its strongly connected component (two or more)."""
+        key_of = self._key
         vertex_of: dict[str, int] = {}
-        adjacency: list[list[int]] = []
-
-        def vertex() -> int:
-            adjacency.append([])
-            return len(adjacency) - 1
+        tails: list[int] = []  # the graph's edges, as two flat lists: few objects for the collector to track
+        heads: list[int] = []
+        count = 0
 
         def owner(key: str) -> int:
+            nonlocal count
             found = vertex_of.get(key)
             if found is None:
-                found = vertex_of[key] = vertex()
+                found = vertex_of[key] = count
+                count += 1
             return found
 
         all_held: dict[tuple[Node, Mode], int] = {}
         for key, holders in self._held_in.items():
-            group = all_held[key] = vertex()
-            adjacency[group].extend(owner(h.owner_key) for h in holders)
-        chains: dict[tuple[Node, Mode], list[int]] = {}
+            group = all_held[key] = count
+            count += 1
+            for holder in holders:
+                tails.append(group)
+                heads.append(owner(key_of[id(holder)]))
+        chains: dict[tuple[Node, Mode], int] = {}  # the vertex of a queue's first marker; the others follow it
         for key, queue in self._queue.items():
-            chain = chains[key] = []
-            for marker in queue:
-                link = vertex()
-                adjacency[link].append(owner(marker.owner_key))
-                if chain:
-                    adjacency[link].append(chain[-1])
-                chain.append(link)
+            first = chains[key] = count
+            count += len(queue)
+            for at, marker in enumerate(queue):
+                tails.append(first + at)
+                heads.append(owner(key_of[id(marker)]))
+                if at:
+                    tails.append(first + at)
+                    heads.append(first + at - 1)
         for marker in self.state.waiters:
-            me = owner(marker.owner_key)
-            queued = (marker.node, marker.owner_key) not in self._inside
+            mine = key_of[id(marker)]
+            me = owner(mine)
+            queued = (marker.node, mine) not in self._inside
             for mode in _CONFLICTS[marker.mode]:
                 key = (marker.node, mode)
                 if key in all_held:
-                    adjacency[me].append(all_held[key])
+                    tails.append(me)
+                    heads.append(all_held[key])
                 if queued and key in chains:
                     older = bisect.bisect_left(self._tickets[key], marker.ticket)
                     if older:
-                        adjacency[me].append(chains[key][older - 1])
-        component = strong_components(adjacency)
-        members: dict[int, set[str]] = defaultdict(set)
+                        tails.append(me)
+                        heads.append(chains[key] + older - 1)
+        component = strong_components(count, tails, heads)
+        members: dict[int, list[str]] = defaultdict(list)
         for key, at in vertex_of.items():
-            members[component[at]].add(key)
+            members[component[at]].append(key)
         deadlocked: dict[str, frozenset[str]] = {}
         for owners in members.values():
             if len(owners) > 1:
@@ -296,45 +308,10 @@ class WaitForGraph:
                 deadlocked.update(dict.fromkeys(together, together))
         return deadlocked
 
-    @functools.cached_property
-    def _records_of(self) -> tuple[dict[Node, list[HolderRecord]], dict[Node, list[WaiterRecord]]]:
-        """The holders and markers of deadlocked owners by node, in the order of the read."""
-        deadlocked = self._deadlocked
-        holders: dict[Node, list[HolderRecord]] = defaultdict(list)
-        for holder in self.state.holders:
-            if holder.owner_key in deadlocked:
-                holders[holder.node].append(holder)
-        markers: dict[Node, list[WaiterRecord]] = defaultdict(list)
-        for marker in self.state.waiters:
-            if marker.owner_key in deadlocked:
-                markers[marker.node].append(marker)
-        return holders, markers
-
     @property
     def deadlocks(self) -> list[frozenset[str]]:
         """The owner keys of each deadlock: a strongly connected component of two or more owners."""
         return sorted(set(self._deadlocked.values()), key=min)
-
-    def _edges_among(self, request: WaitingRequest, owners: frozenset[str]) -> list[WaitEdge]:
-        """Every edge of the relation out of ``request`` that leads to one of ``owners``, in :func:`edge_order`."""
-        holders_on, markers_on = self._records_of
-        edges = []
-        for marker in request.markers:
-            me = marker.owner_key
-            for holder in holders_on.get(marker.node, ()):
-                if holder.owner_key != me and holder.owner_key in owners and not compatible(holder.mode, marker.mode):
-                    edges.append(_holder_edge(marker, holder))
-            if (marker.node, me) in self._inside:
-                continue
-            for earlier in markers_on.get(marker.node, ()):
-                if (
-                    earlier.owner_key != me
-                    and earlier.owner_key in owners
-                    and earlier.ticket < marker.ticket
-                    and not compatible(earlier.mode, marker.mode)
-                ):
-                    edges.append(_queued_edge(marker, earlier))
-        return sorted(edges, key=edge_order)
 
     def find_cycle(self, holder_id: str) -> Cycle | None:
         """Return a cycle through request ``holder_id``, or None: see :func:`find_cycle`."""
@@ -347,42 +324,10 @@ class WaitForGraph:
         return self._search(start, owners)
 
     def _search(self, start: WaitingRequest, owners: frozenset[str]) -> Cycle | None:
-        """Search depth first from ``start`` for an edge back to its owner, among ``owners``.
-
-        From a request, its edges in :func:`edge_order`; through an edge to an
-        owner not met yet, each of that owner's requests in holder id order.
-        Iterative: a chain of thousands of waiting owners is no recursion.
-        """
-        goal = start.owner_key
-        met = {goal}
-        path: list[tuple[WaitingRequest, WaitEdge]] = []
-        # A request's frame: [request, its edges, next edge]; an owner's: [its requests, next request].
-        frames: list[list[Any]] = [[start, self._edges_among(start, owners), 0]]
-        while frames:
-            frame = frames[-1]
-            if len(frame) == 3:
-                request, edges, at = frame
-                if at == len(edges):
-                    frames.pop()
-                    continue
-                frame[2] = at + 1
-                edge = edges[at]
-                if edge.blocker_owner == goal:
-                    path.append((request, edge))
-                    return Cycle(tuple(r for r, _ in path), tuple(e for _, e in path))
-                if edge.blocker_owner not in met:
-                    met.add(edge.blocker_owner)
-                    path.append((request, edge))
-                    frames.append([self._of_owner.get(edge.blocker_owner, []), 0])
-            else:
-                requests, at = frame
-                if at == len(requests):
-                    frames.pop()
-                    path.pop()  # no way back through this owner
-                    continue
-                frame[1] = at + 1
-                frames.append([requests[at], self._edges_among(requests[at], owners), 0])
-        return None
+        component = self._components.get(owners)
+        if component is None:
+            component = self._components[owners] = _Component(self, owners)
+        return component.search(start)
 
     def cycles(self) -> list[Cycle]:
         """Return one cycle per deadlock (component): see :func:`cycles`."""
@@ -430,33 +375,226 @@ class WaitForGraph:
         return False
 
 
-def _holder_edge(marker: WaiterRecord, holder: HolderRecord) -> WaitEdge:
-    return WaitEdge(
-        marker.holder_id, marker.owner_key, marker.node, marker.mode, holder.holder_id, holder.owner_key, holder.mode
-    )
+_GONE = sys.maxsize
+"""The rank of a removed entry: after every owner's."""
 
 
-def _queued_edge(marker: WaiterRecord, earlier: WaiterRecord) -> WaitEdge:
-    return WaitEdge(
-        marker.holder_id,
-        marker.owner_key,
-        marker.node,
-        marker.mode,
-        earlier.holder_id,
-        earlier.owner_key,
-        earlier.mode,
-        queued=True,
-    )
+class _LeastRank:
+    """Owner ranks at positions 0…n-1: the least of the first ``end`` in O(log n); entries go as owners are met."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        size = 1
+        while size < len(ranks):
+            size *= 2
+        tree = [_GONE] * (2 * size)
+        tree[size : size + len(ranks)] = ranks
+        for at in range(size - 1, 0, -1):
+            tree[at] = min(tree[2 * at], tree[2 * at + 1])
+        self._size, self._tree = size, tree
+
+    def remove(self, position: int) -> None:
+        tree = self._tree
+        at = position + self._size
+        tree[at] = _GONE
+        at //= 2
+        while at:
+            tree[at] = min(tree[2 * at], tree[2 * at + 1])
+            at //= 2
+
+    def least(self, end: int) -> int:
+        tree = self._tree
+        low, high, least = self._size, self._size + end, _GONE
+        while low < high:
+            if low & 1:
+                least = min(least, tree[low])
+                low += 1
+            if high & 1:
+                high -= 1
+                least = min(least, tree[high])
+            low //= 2
+            high //= 2
+        return least
 
 
-def strong_components(adjacency: list[list[int]]) -> list[int]:
-    """Return the strongly connected component of each vertex of ``adjacency`` (Tarjan's algorithm, iterative)."""
-    count = len(adjacency)
+class _Component:
+    """One deadlock's owners and their records, indexed for the depth-first search of :meth:`WaitForGraph.find_cycle`.
+
+    The search takes a request's edges in :func:`edge_order`, by owner key
+    first, and skips owners it met; so it asks, at each step, for the
+    smallest owner key the request waits for that it has not met. Owners are
+    ranked by key; a holder group (node, mode) is read in rank order with one
+    cursor per search (met owners only accumulate), a queue (node, mode) by
+    ticket with a tree of least ranks over its prefixes, from which a met
+    owner's markers are removed. Each step costs O(log n), not a request's
+    every edge: the crowd of a deadlock can be thousands of owners.
+    """
+
+    def __init__(self, graph: WaitForGraph, owners: frozenset[str]) -> None:
+        self.graph = graph
+        self.key = key_of = graph._key
+        self.keys = sorted(owners)
+        self.rank = {key: at for at, key in enumerate(self.keys)}
+        held: dict[tuple[Node, Mode], list[int]] = defaultdict(list)
+        self.records: dict[tuple[str, Node], tuple[list[HolderRecord], list[WaiterRecord]]] = {}
+        for holder in graph.state.holders:
+            owner = key_of[id(holder)]
+            if owner in owners:
+                held[(holder.node, holder.mode)].append(self.rank[owner])
+                self.records.setdefault((owner, holder.node), ([], []))[0].append(holder)
+        self.held = {key: sorted(ranks) for key, ranks in held.items()}
+        self.queued: dict[tuple[Node, Mode], tuple[list[int], list[int]]] = {}
+        self.places: dict[int, list[tuple[tuple[Node, Mode], int]]] = defaultdict(list)
+        for key, queue in graph._queue.items():
+            mine = [m for m in queue if key_of[id(m)] in owners]
+            if mine:
+                ranks = [self.rank[key_of[id(m)]] for m in mine]
+                self.queued[key] = ([m.ticket for m in mine], ranks)
+                for position, rank in enumerate(ranks):
+                    self.places[rank].append((key, position))
+        for marker in graph.state.waiters:
+            owner = key_of[id(marker)]
+            if owner in owners:
+                self.records.setdefault((owner, marker.node), ([], []))[1].append(marker)
+
+    def search(self, start: WaitingRequest) -> Cycle | None:
+        """The depth-first search of :func:`find_cycle` from ``start``, among this component's owners.
+
+        From a request, the owners it waits for by key, each through its first
+        edge in :func:`edge_order`; through an owner not met yet, each of its
+        requests by holder id. Iterative: a ring of thousands of owners is no
+        recursion.
+        """
+        goal = start.owner_key
+        goal_rank = self.rank[goal]
+        met = bytearray(len(self.keys))
+        cursors: dict[tuple[Node, Mode], int] = {}
+        trees: dict[tuple[Node, Mode], _LeastRank] = {}
+
+        def meet(rank: int) -> None:
+            met[rank] = 1
+            for key, position in self.places.get(rank, ()):
+                if key in trees:
+                    trees[key].remove(position)
+
+        def least(sources: list[tuple[tuple[Node, Mode], int | None]]) -> int:
+            """The least rank not met among ``sources``: holder groups (no end) and queue prefixes."""
+            found = _GONE
+            for key, end in sources:
+                if end is None:
+                    ranks = self.held[key]
+                    at = cursors.get(key, 0)
+                    while at < len(ranks) and met[ranks[at]]:
+                        at += 1
+                    cursors[key] = at
+                    rank = ranks[at] if at < len(ranks) else _GONE
+                else:
+                    tree = trees.get(key)
+                    if tree is None:
+                        ranks = self.queued[key][1]
+                        tree = trees[key] = _LeastRank([_GONE if met[r] else r for r in ranks])
+                    rank = tree.least(end)
+                found = min(found, rank)
+            return found
+
+        meet(goal_rank)
+        path: list[tuple[WaitingRequest, WaitEdge]] = []
+        # A request's frame: [request, where its blockers are, whether it waits for the goal]; an owner's:
+        # [its requests, next request].
+        frames: list[list[Any]] = [[start, self._sources(start), False]]
+        while frames:
+            frame = frames[-1]
+            if len(frame) == 3:
+                request, sources, waits_for_goal = frame
+                rank = least(sources)
+                if waits_for_goal and goal_rank < rank:
+                    path.append((request, self._first_edge(request, goal)))
+                    return Cycle(tuple(r for r, _ in path), tuple(e for _, e in path))
+                if rank == _GONE:
+                    frames.pop()
+                    continue
+                blocker = self.keys[rank]
+                meet(rank)
+                path.append((request, self._first_edge(request, blocker)))
+                frames.append([self.graph._of_owner.get(blocker, []), 0])
+            else:
+                requests, at = frame
+                if at == len(requests):
+                    frames.pop()
+                    path.pop()  # no way back through this owner
+                    continue
+                frame[1] = at + 1
+                request = requests[at]
+                frames.append([request, self._sources(request), self._first_edge(request, goal) is not None])
+        return None
+
+    def _sources(self, request: WaitingRequest) -> list[tuple[tuple[Node, Mode], int | None]]:
+        """Where the owners ``request`` waits for are: holder groups, and queue prefixes (up to an end)."""
+        sources: list[tuple[tuple[Node, Mode], int | None]] = []
+        for marker in request.markers:
+            queued = (marker.node, self.key[id(marker)]) not in self.graph._inside
+            for mode in _CONFLICTS[marker.mode]:
+                key = (marker.node, mode)
+                if key in self.held:
+                    sources.append((key, None))
+                if queued and key in self.queued:
+                    end = bisect.bisect_left(self.queued[key][0], marker.ticket)
+                    if end:
+                        sources.append((key, end))
+        return sources
+
+    def _first_edge(self, request: WaitingRequest, owner: str) -> WaitEdge | None:
+        """The first edge in :func:`edge_order` from ``request`` to ``owner``, or None if it does not wait for it."""
+        first: WaitEdge | None = None
+        for marker in request.markers:
+            me = self.key[id(marker)]
+            if owner == me:
+                continue
+            holders, markers = self.records.get((owner, marker.node), ((), ()))
+            edges = [_holder_edge(marker, me, h, owner) for h in holders if not compatible(h.mode, marker.mode)]
+            if (marker.node, me) not in self.graph._inside:
+                edges += [
+                    _queued_edge(marker, me, m, owner)
+                    for m in markers
+                    if m.ticket < marker.ticket and not compatible(m.mode, marker.mode)
+                ]
+            for edge in edges:
+                if first is None or (edge.node, edge.blocker) < (first.node, first.blocker):
+                    first = edge
+        return first
+
+
+def _holder_edge(marker: WaiterRecord, me: str, holder: HolderRecord, owner: str) -> WaitEdge:
+    return WaitEdge(marker.holder_id, me, marker.node, marker.mode, holder.holder_id, owner, holder.mode)
+
+
+def _queued_edge(marker: WaiterRecord, me: str, earlier: WaiterRecord, owner: str) -> WaitEdge:
+    return WaitEdge(marker.holder_id, me, marker.node, marker.mode, earlier.holder_id, owner, earlier.mode, True)
+
+
+def strong_components(count: int, tails: list[int], heads: list[int]) -> list[int]:
+    """Return the strongly connected component of each of ``count`` vertices (Tarjan's algorithm, iterative).
+
+    Edge ``i`` runs from ``tails[i]`` to ``heads[i]``. Components are numbered
+    in the order they complete.
+    """
+    # The edges out of each vertex, contiguous (a counting sort by tail).
+    starts = [0] * (count + 1)
+    for tail in tails:
+        starts[tail + 1] += 1
+    for v in range(count):
+        starts[v + 1] += starts[v]
+    fill = starts[:-1]
+    out = [0] * len(heads)
+    for tail, head in zip(tails, heads, strict=True):
+        out[fill[tail]] = head
+        fill[tail] += 1
     index = [-1] * count
     low = [0] * count
     on_stack = [False] * count
     component = [-1] * count
+    following = starts[:-1]  # the next edge to follow out of each vertex
     stack: list[int] = []
+    path: list[int] = []
     visited = components = 0
     for root in range(count):
         if index[root] != -1:
@@ -465,27 +603,25 @@ def strong_components(adjacency: list[list[int]]) -> list[int]:
         visited += 1
         stack.append(root)
         on_stack[root] = True
-        work = [(root, 0)]
-        while work:
-            v, at = work[-1]
-            out = adjacency[v]
-            if at < len(out):
-                work[-1] = (v, at + 1)
+        path.append(root)
+        while path:
+            v = path[-1]
+            at = following[v]
+            if at < starts[v + 1]:
+                following[v] = at + 1
                 w = out[at]
                 if index[w] == -1:
                     index[w] = low[w] = visited
                     visited += 1
                     stack.append(w)
                     on_stack[w] = True
-                    work.append((w, 0))
+                    path.append(w)
                 elif on_stack[w] and index[w] < low[v]:
                     low[v] = index[w]
                 continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                if low[v] < low[parent]:
-                    low[parent] = low[v]
+            path.pop()
+            if path and low[v] < low[path[-1]]:
+                low[path[-1]] = low[v]
             if low[v] == index[v]:
                 while True:
                     w = stack.pop()

@@ -55,8 +55,13 @@ class WaitGraph:
         graph = WaitForGraph(state)  # every edge, component and cycle below comes from this one index
         requests = sorted(graph.requests.values(), key=lambda r: (r.ticket, r.holder_id))
         found = graph.cycles()
-        shown = set(graph.edges)
-        edges = sorted([*graph.edges, *{e for c in found for e in c.edges if e not in shown}], key=edge_order)
+        edges = graph.edges
+        # A cycle may run along an edge the chain of a queue leaves out (to an earlier waiter than the nearest).
+        in_cycles = {e for c in found for e in c.edges}
+        waiters = {e.waiter for e in in_cycles}
+        missing = in_cycles.difference(e for e in edges if e.waiter in waiters)
+        if missing:
+            edges = sorted([*edges, *missing], key=edge_order)
         if namespace is not None:
             requests = [r for r in requests if any(m.node.namespace == namespace for m in r.markers)]
             edges = [e for e in edges if e.node.namespace == namespace]

@@ -7,6 +7,7 @@ import random
 from collections import Counter
 
 from django_esdlock.bench import quadratic
+from django_esdlock.bench.graph import crowd_state
 from django_esdlock.deadlock import (
     Cycle,
     WaitEdge,
@@ -131,7 +132,7 @@ def test_own_holders_never_make_an_edge():
 
 # --- the same answers as the quadratic construction (django_esdlock/bench/quadratic.py) -------------
 
-RANDOM_STATES = 3000
+RANDOM_STATES = 2000
 
 
 def random_state(rng: random.Random) -> WaitState:
@@ -295,3 +296,13 @@ def test_a_ring_of_thousands_of_owners_is_found_without_recursion():
     cycle = find_cycle(s, "r-o0")
     assert cycle is not None and len(cycle.requests) == size and cycle.victim.holder_id == f"r-o{size - 1}"
     assert [c.victim.holder_id for c in cycles(s)] == [f"r-o{size - 1}"]
+
+
+def test_the_same_cycles_through_a_crowd_of_mixed_modes_and_random_owner_keys():
+    # The bench's state: the search walks the crowd in key order, through prefixes of the queues.
+    s = crowd_state(80)
+    graph = WaitForGraph(s)
+    for holder_id in waiting_requests(s):
+        assert graph.find_cycle(holder_id) == quadratic.find_cycle(s, holder_id), holder_id
+    assert [c.victim.holder_id for c in graph.cycles()] == ["request-b"]
+    assert set(graph.deadlocks) == owners_waiting_for_each_other(quadratic.wait_edges(s))
