@@ -26,11 +26,13 @@ someone opens the waiting page, and the moment it must still answer.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import functools
+import gc
 import sys
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .modes import Mode, compatible
@@ -435,26 +437,20 @@ class _Component:
         self.keys = sorted(owners)
         self.rank = {key: at for at, key in enumerate(self.keys)}
         held: dict[tuple[Node, Mode], list[int]] = defaultdict(list)
-        self.records: dict[tuple[str, Node], tuple[list[HolderRecord], list[WaiterRecord]]] = {}
+        self.holders_of: dict[str, list[HolderRecord]] = defaultdict(list)  # in the order of the read
         for holder in graph.state.holders:
             owner = key_of[id(holder)]
             if owner in owners:
                 held[(holder.node, holder.mode)].append(self.rank[owner])
-                self.records.setdefault((owner, holder.node), ([], []))[0].append(holder)
+                self.holders_of[owner].append(holder)
         self.held = {key: sorted(ranks) for key, ranks in held.items()}
         self.queued: dict[tuple[Node, Mode], tuple[list[int], list[int]]] = {}
-        self.places: dict[int, list[tuple[tuple[Node, Mode], int]]] = defaultdict(list)
+        self.position: dict[int, int] = {}  # each marker's place in its queue, by the marker's identity
         for key, queue in graph._queue.items():
             mine = [m for m in queue if key_of[id(m)] in owners]
             if mine:
-                ranks = [self.rank[key_of[id(m)]] for m in mine]
-                self.queued[key] = ([m.ticket for m in mine], ranks)
-                for position, rank in enumerate(ranks):
-                    self.places[rank].append((key, position))
-        for marker in graph.state.waiters:
-            owner = key_of[id(marker)]
-            if owner in owners:
-                self.records.setdefault((owner, marker.node), ([], []))[1].append(marker)
+                self.queued[key] = ([m.ticket for m in mine], [self.rank[key_of[id(m)]] for m in mine])
+                self.position.update((id(m), at) for at, m in enumerate(mine))
 
     def search(self, start: WaitingRequest) -> Cycle | None:
         """The depth-first search of :func:`find_cycle` from ``start``, among this component's owners.
@@ -472,9 +468,11 @@ class _Component:
 
         def meet(rank: int) -> None:
             met[rank] = 1
-            for key, position in self.places.get(rank, ()):
-                if key in trees:
-                    trees[key].remove(position)
+            for request in self.graph._of_owner.get(self.keys[rank], ()):
+                for marker in request.markers:
+                    tree = trees.get((marker.node, marker.mode))
+                    if tree is not None:
+                        tree.remove(self.position[id(marker)])
 
         def least(sources: list[tuple[tuple[Node, Mode], int | None]]) -> int:
             """The least rank not met among ``sources``: holder groups (no end) and queue prefixes."""
@@ -542,6 +540,14 @@ class _Component:
                         sources.append((key, end))
         return sources
 
+    def _markers_of(self, owner: str) -> list[WaiterRecord]:
+        """The markers of ``owner``'s requests; each request's in the order of the read.
+
+        Only the order of markers of one request could decide between two
+        edges (the same blocker id on the same node), as it did before.
+        """
+        return [m for r in self.graph._of_owner.get(owner, ()) for m in r.markers]
+
     def _first_edge(self, request: WaitingRequest, owner: str) -> WaitEdge | None:
         """The first edge in :func:`edge_order` from ``request`` to ``owner``, or None if it does not wait for it."""
         first: WaitEdge | None = None
@@ -549,13 +555,17 @@ class _Component:
             me = self.key[id(marker)]
             if owner == me:
                 continue
-            holders, markers = self.records.get((owner, marker.node), ((), ()))
-            edges = [_holder_edge(marker, me, h, owner) for h in holders if not compatible(h.mode, marker.mode)]
-            if (marker.node, me) not in self.graph._inside:
+            node = marker.node
+            edges = [
+                _holder_edge(marker, me, h, owner)
+                for h in self.holders_of.get(owner, ())
+                if h.node == node and not compatible(h.mode, marker.mode)
+            ]
+            if (node, me) not in self.graph._inside:
                 edges += [
                     _queued_edge(marker, me, m, owner)
-                    for m in markers
-                    if m.ticket < marker.ticket and not compatible(m.mode, marker.mode)
+                    for m in self._markers_of(owner)
+                    if m.node == node and m.ticket < marker.ticket and not compatible(m.mode, marker.mode)
                 ]
             for edge in edges:
                 if first is None or (edge.node, edge.blocker) < (first.node, first.blocker):
@@ -633,6 +643,28 @@ def strong_components(count: int, tails: list[int], heads: list[int]) -> list[in
     return component
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for a read of the graph; restore it after.
+
+    Reading n records keeps O(n) new objects alive until the read is done,
+    none in a reference cycle (reference counting frees them). Meanwhile
+    the collector would walk the whole process (a Django process tracks
+    some 100,000 objects) once per few ten thousand of them: at 10,000
+    waiting requests that costs as much as the read. Left alone if the
+    application turned the collector off; a thread allocating meanwhile
+    only collects later.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def wait_edges(state: WaitState) -> list[WaitEdge]:
     """Return the edges of ``state`` people read (:attr:`WaitForGraph.edges`), in :func:`edge_order`."""
     return list(WaitForGraph(state).edges)
@@ -646,7 +678,8 @@ def find_cycle(state: WaitState, holder_id: str) -> Cycle | None:
     edge of the relation among the owners of the request's deadlock, so
     callers that read the same state find the same cycle.
     """
-    return WaitForGraph(state).find_cycle(holder_id)
+    with collector_paused():
+        return WaitForGraph(state).find_cycle(holder_id)
 
 
 def cycles(state: WaitState) -> list[Cycle]:
@@ -658,7 +691,8 @@ def cycles(state: WaitState) -> list[Cycle]:
     every cycle there is; a component that knots several rings together
     shows one of them (:attr:`WaitForGraph.deadlocks` has every member).
     """
-    return WaitForGraph(state).cycles()
+    with collector_paused():
+        return WaitForGraph(state).cycles()
 
 
 def confirmed(cycle: Cycle, state: WaitState) -> bool:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .deadlock import Cycle, WaitEdge, WaitForGraph, WaitingRequest, edge_order, owner_label
+from .deadlock import Cycle, WaitEdge, WaitForGraph, WaitingRequest, collector_paused, edge_order, owner_label
 from .records import WaitState
 
 SHOWN = 100
@@ -52,6 +52,11 @@ class WaitGraph:
         Cycles are found on the whole state (one may run through several
         namespaces) and kept when one of their edges is on ``namespace``.
         """
+        with collector_paused():
+            return cls._of(state, namespace)
+
+    @classmethod
+    def _of(cls, state: WaitState, namespace: str | None) -> WaitGraph:
         graph = WaitForGraph(state)  # every edge, component and cycle below comes from this one index
         requests = sorted(graph.requests.values(), key=lambda r: (r.ticket, r.holder_id))
         found = graph.cycles()

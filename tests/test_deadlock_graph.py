@@ -6,6 +6,8 @@ import datetime
 import random
 from collections import Counter
 
+import pytest
+
 from django_esdlock.bench import quadratic
 from django_esdlock.bench.graph import crowd_state
 from django_esdlock.deadlock import (
@@ -306,3 +308,24 @@ def test_the_same_cycles_through_a_crowd_of_mixed_modes_and_random_owner_keys():
         assert graph.find_cycle(holder_id) == quadratic.find_cycle(s, holder_id), holder_id
     assert [c.victim.holder_id for c in graph.cycles()] == ["request-b"]
     assert set(graph.deadlocks) == owners_waiting_for_each_other(quadratic.wait_edges(s))
+
+
+def test_the_collector_is_paused_while_reading_and_left_as_the_application_had_it():
+    import gc
+
+    from django_esdlock.deadlock import collector_paused
+
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the application's choice stands
+    finally:
+        gc.enable()
+    with pytest.raises(ZeroDivisionError), collector_paused():
+        1 / 0  # noqa: B018
+    assert gc.isenabled()
