@@ -188,7 +188,8 @@ class WaitForGraph:
       others out changes nothing: an owner the start's owner waits for but
       that does not wait back for it (outside the component) leads only to
       such owners, never back; so the cycle found is the one a search of the
-      whole relation finds, at the cost of the component's own edges.
+      whole relation finds. Each step asks for the next owner by key
+      without listing a request's edges, in O(log n) (see ``_Component``).
     """
 
     def __init__(self, state: WaitState) -> None:
@@ -328,8 +329,30 @@ class WaitForGraph:
     def _search(self, start: WaitingRequest, owners: frozenset[str]) -> Cycle | None:
         component = self._components.get(owners)
         if component is None:
-            component = self._components[owners] = _Component(self, owners)
+            holders, queues = self._records_by_deadlock
+            component = self._components[owners] = _Component(self, owners, holders[owners], queues[owners])
         return component.search(start)
+
+    @functools.cached_property
+    def _records_by_deadlock(
+        self,
+    ) -> tuple[
+        dict[frozenset[str], list[HolderRecord]], dict[frozenset[str], dict[tuple[Node, Mode], list[WaiterRecord]]]
+    ]:
+        """The holders, and the queues (by ticket), of each deadlock's owners: one pass for every deadlock."""
+        deadlocked, key_of = self._deadlocked, self._key
+        holders: dict[frozenset[str], list[HolderRecord]] = defaultdict(list)
+        for holder in self.state.holders:
+            owners = deadlocked.get(key_of[id(holder)])
+            if owners is not None:
+                holders[owners].append(holder)
+        queues: dict[frozenset[str], dict[tuple[Node, Mode], list[WaiterRecord]]] = defaultdict(dict)
+        for key, queue in self._queue.items():
+            for marker in queue:
+                owners = deadlocked.get(key_of[id(marker)])
+                if owners is not None:
+                    queues[owners].setdefault(key, []).append(marker)
+        return holders, queues
 
     def cycles(self) -> list[Cycle]:
         """Return one cycle per deadlock (component): see :func:`cycles`."""
@@ -431,26 +454,30 @@ class _Component:
     every edge: the crowd of a deadlock can be thousands of owners.
     """
 
-    def __init__(self, graph: WaitForGraph, owners: frozenset[str]) -> None:
+    def __init__(
+        self,
+        graph: WaitForGraph,
+        owners: frozenset[str],
+        holders: list[HolderRecord],
+        queues: dict[tuple[Node, Mode], list[WaiterRecord]],
+    ) -> None:
+        """Index ``owners``' ``holders`` (in the order of the read) and ``queues`` (by ticket)."""
         self.graph = graph
         self.key = key_of = graph._key
         self.keys = sorted(owners)
         self.rank = {key: at for at, key in enumerate(self.keys)}
         held: dict[tuple[Node, Mode], list[int]] = defaultdict(list)
-        self.holders_of: dict[str, list[HolderRecord]] = defaultdict(list)  # in the order of the read
-        for holder in graph.state.holders:
+        self.holders_of: dict[str, list[HolderRecord]] = defaultdict(list)
+        for holder in holders:
             owner = key_of[id(holder)]
-            if owner in owners:
-                held[(holder.node, holder.mode)].append(self.rank[owner])
-                self.holders_of[owner].append(holder)
+            held[(holder.node, holder.mode)].append(self.rank[owner])
+            self.holders_of[owner].append(holder)
         self.held = {key: sorted(ranks) for key, ranks in held.items()}
         self.queued: dict[tuple[Node, Mode], tuple[list[int], list[int]]] = {}
         self.position: dict[int, int] = {}  # each marker's place in its queue, by the marker's identity
-        for key, queue in graph._queue.items():
-            mine = [m for m in queue if key_of[id(m)] in owners]
-            if mine:
-                self.queued[key] = ([m.ticket for m in mine], [self.rank[key_of[id(m)]] for m in mine])
-                self.position.update((id(m), at) for at, m in enumerate(mine))
+        for key, queue in queues.items():
+            self.queued[key] = ([m.ticket for m in queue], [self.rank[key_of[id(m)]] for m in queue])
+            self.position.update((id(m), at) for at, m in enumerate(queue))
 
     def search(self, start: WaitingRequest) -> Cycle | None:
         """The depth-first search of :func:`find_cycle` from ``start``, among this component's owners.

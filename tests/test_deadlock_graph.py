@@ -329,3 +329,15 @@ def test_the_collector_is_paused_while_reading_and_left_as_the_application_had_i
     with pytest.raises(ZeroDivisionError), collector_paused():
         1 / 0  # noqa: B018
     assert gc.isenabled()
+
+
+def test_many_small_deadlocks_each_have_their_cycle_and_victim():
+    records: list[HolderRecord | WaiterRecord] = []
+    for i in range(100):
+        a, b = f"a{i:03d}", f"b{i:03d}"
+        records += [holds(a, f"/{a}"), holds(b, f"/{b}")]
+        records += [waits(a, f"/{b}", ticket=2 * i), waits(b, f"/{a}", ticket=2 * i + 1)]
+    s = state(*records)
+    found = cycles(s)
+    assert [c.victim.holder_id for c in found] == [f"r-b{i:03d}" for i in range(100)]
+    assert found == quadratic.cycles(s)
