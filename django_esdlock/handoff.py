@@ -41,11 +41,9 @@ from django.core import signing
 from .aio import AsyncLock, _shielded
 from .backends.base import BaseLockBackend
 from .exceptions import InvalidLockArgument, LockLost
-from .locks import Lock, logger
+from .locks import Lock, Targets, logger
 from .modes import Mode
 from .records import Grant, HolderRecord, Kind, Node, Owner
-
-Targets = tuple[tuple[Node, Mode], ...]
 
 SALT = "django_esdlock.handoff"
 """Signing salt of tickets: a ticket is signed with SECRET_KEY, so a forged or altered one is refused."""
@@ -90,8 +88,8 @@ class Ticket:
         )
         if ticket.held_apart:
             logger.warning(
-                "handed off holder %s without %s, held by its owner under another lock: resume_lock will refuse "
-                "its ticket",
+                "handed off holder %s without %s, held by its owner under another lock: its ticket does not "
+                "cover them (resume_lock, and a task that names them, refuse it)",
                 request.holder_id,
                 _names(ticket.held_apart),
             )
