@@ -27,7 +27,7 @@ from .paths import ancestors, normalize_namespace, normalize_path
 from .reaper import Reaper
 from .records import HolderRecord, Kind, Node, main_record
 from .redaction import redact
-from .waiting import WaitGraph, drawing, owner_label
+from .waiting import SHOWN, WaitGraph, drawing, owner_label
 
 _EXPIRED_CHOICES = {"yes": True, "no": False}
 
@@ -105,16 +105,21 @@ def _row(record: HolderRecord) -> dict[str, Any]:
     }
 
 
-def _waiting_rows(graph: WaitGraph) -> list[dict[str, Any]]:
-    """One row per waiting request, with the edges out of it, oldest request first."""
+def _waiting_rows(graph: WaitGraph, limit: int) -> list[dict[str, Any]]:
+    """One row per waiting request, with the edges out of it, oldest request first; the first ``limit``."""
     now = datetime.datetime.now(datetime.timezone.utc)
     in_cycle, victims = graph.cycle_edges, graph.victims
     members = {r.holder_id for cycle in graph.cycles for r in cycle.requests}
     waiting_of: dict[str, str] = {}
     for r in graph.requests:
         waiting_of.setdefault(r.owner_key, r.holder_id)
+    shown = graph.requests[:limit]
+    out_of: dict[str, list[Any]] = {r.holder_id: [] for r in shown}
+    for e in graph.edges:
+        if e.waiter in out_of:
+            out_of[e.waiter].append(e)
     rows = []
-    for r in graph.requests:
+    for r in shown:
         since = r.markers[0].since
         edges = [
             {
@@ -123,8 +128,7 @@ def _waiting_rows(graph: WaitGraph) -> list[dict[str, Any]]:
                 "blocker_waits": waiting_of.get(e.blocker_owner),
                 "cycle": e.key in in_cycle,
             }
-            for e in graph.edges
-            if e.waiter == r.holder_id
+            for e in out_of[r.holder_id]
         ]
         rows.append(
             {
@@ -143,7 +147,7 @@ def _waiting_rows(graph: WaitGraph) -> list[dict[str, Any]]:
     return rows
 
 
-def _cycle_rows(graph: WaitGraph) -> list[dict[str, Any]]:
+def _cycle_rows(graph: WaitGraph, limit: int) -> list[dict[str, Any]]:
     return [
         {
             "cycle": cycle,
@@ -159,7 +163,7 @@ def _cycle_rows(graph: WaitGraph) -> list[dict[str, Any]]:
                 for r, e in zip(cycle.requests, cycle.edges, strict=True)
             ],
         }
-        for cycle in graph.cycles
+        for cycle in graph.cycles[:limit]
     ]
 
 
@@ -168,6 +172,8 @@ class HeldLockAdmin(admin.ModelAdmin):
     """Lists holders through the backend (never the ORM); force release and reap as POST actions."""
 
     list_per_page = 100
+    waiting_rows = SHOWN
+    """The waiting page shows the oldest this many waiting requests and the first this many deadlocks."""
     change_list_template = "admin/django_esdlock/heldlock/change_list.html"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -302,14 +308,17 @@ class HeldLockAdmin(admin.ModelAdmin):
             error = f"This lock store cannot list waiting requests: {e}"
         except (LockError, ValueError) as e:
             error = _unreadable(e)
+        limit = self.waiting_rows
         context = self._context(
             request,
             "Waiting requests",
             error=error,
             namespace=namespace or "",
             graph=graph,
-            requests=_waiting_rows(graph) if graph else [],
-            cycles=_cycle_rows(graph) if graph else [],
+            requests=_waiting_rows(graph, limit) if graph else [],
+            cycles=_cycle_rows(graph, limit) if graph else [],
+            more_requests=max(0, len(graph.requests) - limit) if graph else 0,
+            more_cycles=max(0, len(graph.cycles) - limit) if graph else 0,
             drawing=drawing(graph) if graph else None,
         )
         return TemplateResponse(request, "admin/django_esdlock/heldlock/waiting.html", context)

@@ -14,6 +14,18 @@ Nobody renews the lease between the hand-off and the claim: a ticket stays
 valid for ``handoff(ttl=...)`` seconds by the store's clock. An unclaimed
 ticket is an expired holder like any other: without an intent the next
 acquisition (or ``reap_locks``) evicts it, with one the reaper recovers it.
+
+A ticket hands over what its lock took, never what its owner held already:
+a ``lock_documents`` of ids the owner holds under another lock counts them
+as taken without writing them, and that other lock is not handed off. A
+claim must not then write ids nobody holds: ``resume_lock`` refuses a ticket
+that does not cover every id its lock was asked for, and ``@locked(ticket=)``
+one that does not lock exactly what the task's arguments name, both with
+InvalidLockArgument before any request is sent (so before the task's body
+runs; the ticket is left to its lease). Refused rather than completed by
+taking the missing ids in the worker: the view usually still holds them
+when the task starts (it enqueues inside its block), so that would fail by
+timing, and a hand-off that does not cover its task is a bug of the view.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from django.core import signing
 from .aio import AsyncLock, _shielded
 from .backends.base import BaseLockBackend
 from .exceptions import InvalidLockArgument, LockLost
-from .locks import Lock, logger
+from .locks import Lock, Targets, logger
 from .modes import Mode
 from .records import Grant, HolderRecord, Kind, Node, Owner
 
@@ -54,13 +66,16 @@ class Ticket:
     intent: Mapping[str, Any] | None = None
     checkpoint: Mapping[str, Any] | None = None
     reentrant: bool = False
+    held_apart: Targets = ()
+    """What the handing lock was asked for but did not take: document ids its owner held under another lock."""
 
     @classmethod
     def of(cls, grant: Grant, *, ttl: float, checkpoint: Mapping[str, Any] | None) -> Ticket:
         """Return the ticket of a grant (only the nodes it took: a document lock's reentrant ids are not its)."""
         request = grant.request
         modes = dict(request.targets)
-        return cls(
+        taken = set(grant.taken)
+        ticket = cls(
             holder_id=request.holder_id,
             owner_key=request.owner.key,
             targets=tuple((node, modes[node]) for node in grant.taken),
@@ -69,7 +84,27 @@ class Ticket:
             intent=request.intent,
             checkpoint=checkpoint,
             reentrant=request.reentrant,
+            held_apart=tuple(target for target in request.targets if target[0] not in taken),
         )
+        if ticket.held_apart:
+            logger.warning(
+                "handed off holder %s without %s, held by its owner under another lock: its ticket does not "
+                "cover them (resume_lock, and a task that names them, refuse it)",
+                request.holder_id,
+                _names(ticket.held_apart),
+            )
+        return ticket
+
+    def require_covers(self, targets: Targets, what: str) -> None:
+        """Raise InvalidLockArgument unless this ticket locks every node of ``targets`` (``what`` names them)."""
+        mine = set(self.targets)
+        uncovered = tuple(target for target in targets if target not in mine)
+        if uncovered:
+            raise InvalidLockArgument(
+                f"the ticket locks {_names(self.targets)}: it does not cover {_names(uncovered)} of {what}. A "
+                "ticket hands over what its lock took, not ids its owner held already under another lock; hand "
+                "off a lock that took every id, or lock the others where the ticket is claimed"
+            )
 
     def encode(self) -> str:
         """Return the ticket as a compact signed string, safe in task arguments (JSON, pickle, URLs)."""
@@ -83,6 +118,8 @@ class Ticket:
             "c": self.checkpoint,
             "r": self.reentrant,
         }
+        if self.held_apart:
+            data["a"] = [[node.namespace, node.kind.value, node.key, mode.value] for node, mode in self.held_apart]
         return signing.dumps(data, salt=SALT, compress=True)
 
     @classmethod
@@ -95,12 +132,13 @@ class Ticket:
             return cls(
                 holder_id=data["h"],
                 owner_key=data["o"],
-                targets=tuple((Node(ns, Kind(kind), key), Mode(mode)) for ns, kind, key, mode in data["n"]),
+                targets=_targets(data["n"]),
                 token=data["k"],
                 ttl=data["l"],
                 intent=data["i"],
                 checkpoint=data["c"],
                 reentrant=data["r"],
+                held_apart=_targets(data.get("a", ())),  # absent from tickets of earlier releases
             )
         except (signing.BadSignature, KeyError, TypeError, ValueError) as e:
             raise InvalidLockArgument(f"not a lock ticket, or not signed with this SECRET_KEY: {e}") from e
@@ -121,6 +159,14 @@ class Ticket:
             )
             for node, mode in self.targets
         ]
+
+
+def _targets(encoded: Any) -> Targets:
+    return tuple((Node(ns, Kind(kind), key), Mode(mode)) for ns, kind, key, mode in encoded)
+
+
+def _names(targets: Targets) -> str:
+    return ", ".join(str(node) for node, _ in targets)
 
 
 class _Resumed:
@@ -203,11 +249,18 @@ def resume_lock(ticket: str, *, ttl: float | None = None, backend: BaseLockBacke
 
     ``ttl`` is the lease the claimant renews (default: the handed-off lock's).
     The claim never waits: it raises LockLost if the ticket's lease ran out or
-    another claim won.
+    another claim won. A ticket that does not cover every id its lock was
+    asked for (see the module's docstring) raises InvalidLockArgument here.
     """
-    return ResumedLock(Ticket.decode(ticket), ttl=ttl, backend=backend)
+    return ResumedLock(_whole(Ticket.decode(ticket)), ttl=ttl, backend=backend)
 
 
 def aresume_lock(ticket: str, *, ttl: float | None = None, backend: BaseLockBackend | None = None) -> AsyncResumedLock:
     """Async :func:`resume_lock`: ``async with aresume_lock(ticket) as lock``."""
-    return AsyncResumedLock(Ticket.decode(ticket), ttl=ttl, backend=backend)
+    return AsyncResumedLock(_whole(Ticket.decode(ticket)), ttl=ttl, backend=backend)
+
+
+def _whole(ticket: Ticket) -> Ticket:
+    """Return ``ticket`` if it covers everything its lock was asked for; else raise InvalidLockArgument."""
+    ticket.require_covers(ticket.targets + ticket.held_apart, "what its lock was asked for")
+    return ticket

@@ -5,7 +5,9 @@ Each keyword that names what to lock (``tree``, ``documents``, ``name``), and
 arguments. A callable is called with the arguments it names (bound to the
 task's signature, defaults applied), so ``tree=lambda src: src`` suits
 ``def rename(src, dst, ticket=None)``. With ``ticket="ticket"``, a call whose
-``ticket`` argument holds a hand-off ticket claims it instead of acquiring.
+``ticket`` argument holds a hand-off ticket claims it instead of acquiring; the
+ticket must lock exactly what the arguments name (InvalidLockArgument before
+the task's body runs otherwise, see handoff.py).
 A task that cannot get its lock within ``timeout`` raises the library's
 exception (LockUnavailable, LockTimeout): the queue's retry policy decides
 what happens next.
@@ -99,7 +101,9 @@ def locked(
             return cls(targets, timeout=timeout, ttl=ttl, intent=wanted_intent, reentrant=reentrant, backend=backend)
 
         def _resumed(handed: Ticket, targets: Targets, *, aio: bool) -> BaseLock:
-            if not set(handed.targets) <= set(targets) or (documents is None and set(handed.targets) != set(targets)):
+            # Exactly what the arguments name: a ticket short of an id would let the task write it unheld.
+            handed.require_covers(targets, "what the task's arguments name")
+            if set(handed.targets) != set(targets):
                 raise InvalidLockArgument(
                     f"the ticket locks {[str(n) for n, _ in handed.targets]}, the task's arguments "
                     f"{[str(n) for n, _ in targets]}"

@@ -7,8 +7,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .deadlock import Cycle, WaitEdge, WaitingRequest, cycles, owner_label, wait_edges, waiting_requests
+from .deadlock import Cycle, WaitEdge, WaitForGraph, WaitingRequest, collector_paused, edge_order, owner_label
 from .records import WaitState
+
+SHOWN = 100
+"""How many waiting requests, deadlocks and edges the waiting page and ``reap_locks`` show at most, each.
+
+They count the rest: a crowd of thousands is when people look, and a page of
+thousands of rows would not answer.
+"""
 
 
 def request_dict(request: WaitingRequest) -> dict[str, Any]:
@@ -27,8 +34,10 @@ def request_dict(request: WaitingRequest) -> dict[str, Any]:
 class WaitGraph:
     """The waiting requests of a store, what each waits for, and the deadlocks among them.
 
-    ``owners`` gives the owner fields of every holder id in the graph: the
-    holders that block and the waiting requests.
+    ``edges`` are :attr:`WaitForGraph.edges <django_esdlock.deadlock.WaitForGraph.edges>`
+    (a queue reads as a chain) and every edge of the cycles shown. ``owners``
+    gives the owner fields of every holder id in the graph: the holders that
+    block and the waiting requests.
     """
 
     requests: tuple[WaitingRequest, ...]
@@ -43,9 +52,21 @@ class WaitGraph:
         Cycles are found on the whole state (one may run through several
         namespaces) and kept when one of their edges is on ``namespace``.
         """
-        requests = sorted(waiting_requests(state).values(), key=lambda r: (r.ticket, r.holder_id))
-        edges = wait_edges(state)
-        found = cycles(state)
+        with collector_paused():
+            return cls._of(state, namespace)
+
+    @classmethod
+    def _of(cls, state: WaitState, namespace: str | None) -> WaitGraph:
+        graph = WaitForGraph(state)  # every edge, component and cycle below comes from this one index
+        requests = sorted(graph.requests.values(), key=lambda r: (r.ticket, r.holder_id))
+        found = graph.cycles()
+        edges = graph.edges
+        # A cycle may run along an edge the chain of a queue leaves out (to an earlier waiter than the nearest).
+        in_cycles = {e for c in found for e in c.edges}
+        waiters = {e.waiter for e in in_cycles}
+        missing = in_cycles.difference(e for e in edges if e.waiter in waiters)
+        if missing:
+            edges = sorted([*edges, *missing], key=edge_order)
         if namespace is not None:
             requests = [r for r in requests if any(m.node.namespace == namespace for m in r.markers)]
             edges = [e for e in edges if e.node.namespace == namespace]
@@ -69,11 +90,23 @@ class WaitGraph:
         """The holder ids of the requests that give up, one per cycle."""
         return frozenset(cycle.victim.holder_id for cycle in self.cycles)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, limit: int | None = None) -> dict[str, Any]:
+        """Return the graph JSON-ready; with ``limit``, at most that many requests, edges and cycles each."""
         return {
-            "requests": [request_dict(r) for r in self.requests],
-            "edges": [edge.as_dict() for edge in self.edges],
-            "cycles": [cycle.as_dict() for cycle in self.cycles],
+            "requests": [request_dict(r) for r in self.requests[:limit]],
+            "edges": [edge.as_dict() for edge in self.edges[:limit]],
+            "cycles": [cycle.as_dict() for cycle in self.cycles[:limit]],
+        }
+
+    def counts(self, limit: int | None = None) -> dict[str, int]:
+        """How many requests, edges and cycles there are, and how many of each :meth:`as_dict` shows."""
+        return {
+            "waiting_requests": len(self.requests),
+            "waiting_edges": len(self.edges),
+            "cycles": len(self.cycles),
+            "waiting_requests_shown": len(self.requests[:limit]),
+            "waiting_edges_shown": len(self.edges[:limit]),
+            "cycles_shown": len(self.cycles[:limit]),
         }
 
 
@@ -90,14 +123,16 @@ def drawing(graph: WaitGraph, *, radius: int = 32) -> dict[str, Any] | None:
     a waiting owner to each owner it waits for, red when a cycle uses it. Two
     owners that wait for each other get two arrows side by side.
     """
-    owner_of = {r.owner_key: r.owner for r in graph.requests}
-    keys: list[str] = []
+    waiting = {r.owner_key: r.owner for r in graph.requests}
+    owner_of = dict(waiting)
+    drawn: dict[str, None] = {}
     for edge in graph.edges:
-        for key in (edge.waiter_owner, edge.blocker_owner):
-            if key not in keys:
-                keys.append(key)
+        drawn.update(dict.fromkeys((edge.waiter_owner, edge.blocker_owner)))
+        if len(drawn) > DRAW_LIMIT:
+            return None  # a crowd: stop reading, it is not drawn
         owner_of.setdefault(edge.blocker_owner, graph.owners.get(edge.blocker, {}))
-    if not keys or len(keys) > DRAW_LIMIT:
+    keys = list(drawn)
+    if not keys:
         return None
     # A ring that leaves room for an arrow and its label between neighbours.
     ring = 0.0 if len(keys) == 1 else max(80.0, len(keys) * 5 * radius / (2 * math.pi))
@@ -137,7 +172,7 @@ def drawing(graph: WaitGraph, *, radius: int = 32) -> dict[str, Any] | None:
             "thread": str(owner_of.get(key, {}).get("thread_name", ""))[:10],
             "title": owner_label(owner_of.get(key, {})),
             "victim": key in victims,
-            "waiting": any(r.owner_key == key for r in graph.requests),
+            "waiting": key in waiting,
         }
         for key in keys
     ]

@@ -76,3 +76,14 @@ def ship(ids: list[str], lock=None) -> int:
 @locked(name=lambda job: f"nightly-{job}", timeout=0)
 def nightly(job: str) -> str:
     return job
+
+
+SHIPPED: list[list[str]] = []
+"""The ids each run of :func:`ship_handed` wrote (its body ran)."""
+
+
+@locked(documents=lambda ids: ids, namespace="orders", timeout=0, ticket="ticket", lock_arg="lock")
+def ship_handed(ids: list[str], ticket: str | None = None, lock=None) -> dict:
+    """A task that writes every document it names, maybe under a view's ticket: its lock must cover them all."""
+    SHIPPED.append(sorted(ids))
+    return {"holder": lock.holder_id, "documents": sorted(node.key for node, _ in lock.targets)}

@@ -279,3 +279,54 @@ def test_waiting_page_of_a_store_that_cannot_list_waiters(viewer, settings, tmp_
     assert response.status_code == 200
     assert "cannot list waiting requests" in response.context["error"]
     assert response.context["graph"] is None
+
+
+def test_waiting_page_shows_the_oldest_requests_and_first_deadlocks_and_counts_the_rest(
+    viewer, lock_config, backend, monkeypatch
+):
+    """A crowd on one lock and two deadlocks, on a page that shows 3 rows: the oldest 3, counts of the rest."""
+    from django_esdlock.admin import HeldLockAdmin
+    from django_esdlock.waiting import SHOWN
+
+    assert HeldLockAdmin.waiting_rows == SHOWN == 100
+    monkeypatch.setattr(HeldLockAdmin, "waiting_rows", 3)
+    backend.marker_ttl = 60  # nobody renews these markers
+    now = time.time_ns()
+    hold(backend, "holder", "/crowd")
+    crowd = [wait(backend, f"c{i}", "/crowd", ticket=now + i) for i in range(5)]
+    for pair, (first, second) in enumerate((("alice", "bob"), ("carol", "dave"))):
+        hold(backend, first, f"/{first}")
+        hold(backend, second, f"/{second}")
+        wait(backend, first, f"/{second}", ticket=now - 10_000_000_000 + pair, holds=True)
+        wait(backend, second, f"/{first}", ticket=now - 5_000_000_000 + pair, holds=True)
+    response = viewer.get(WAITING)
+    assert response.status_code == 200 and response.context["error"] is None
+    graph = response.context["graph"]
+    assert len(graph.requests) == 9 and len(graph.cycles) == 2
+    # The oldest three requests (the deadlocks' first ones); both deadlocks fit; a count of the rest.
+    assert [row["request"].holder_id for row in response.context["requests"]] == [
+        "alice-waits",
+        "carol-waits",
+        "bob-waits",
+    ]
+    assert len(response.context["cycles"]) == 2
+    assert (response.context["more_requests"], response.context["more_cycles"]) == (6, 0)
+    html = response.content.decode()
+    assert "9 waiting requests" in html and "2 deadlocks" in html
+    assert "Showing the 3 oldest waiting requests: 6 more waiting requests not shown." in html
+    assert "… and 6 younger waiting requests, not shown." in html
+    assert not any(f'data-request="{holder_id}"' in html for holder_id in crowd)
+    # One row: the first deadlock only, and a count of the other.
+    monkeypatch.setattr(HeldLockAdmin, "waiting_rows", 1)
+    response = viewer.get(WAITING)
+    assert len(response.context["requests"]) == 1 and len(response.context["cycles"]) == 1
+    assert (response.context["more_requests"], response.context["more_cycles"]) == (8, 1)
+    html = response.content.decode()
+    assert "8 more waiting requests and 1 more deadlock not shown" in html
+    assert html.count('class="esdlock-cycle"') == 1 and "… and 1 more deadlock." in html
+    # Everything fits: nothing is counted as left out.
+    monkeypatch.setattr(HeldLockAdmin, "waiting_rows", 9)
+    response = viewer.get(WAITING)
+    assert len(response.context["requests"]) == 9 and len(response.context["cycles"]) == 2
+    assert (response.context["more_requests"], response.context["more_cycles"]) == (0, 0)
+    assert 'id="esdlock-waiting-truncated"' not in response.content.decode()

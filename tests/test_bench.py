@@ -14,6 +14,8 @@ from django_esdlock.bench.common import Figure, format_table, ratio_at_least
 from django_esdlock.bench.suite import Options, Report
 
 DEPTHS = (1, 4)
+GRAPH_KEYS = {"graph.n100", "graph.n1000", "graph.growth"}
+"""The wait-for graph figures of a quick run (no store)."""
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -35,6 +37,7 @@ def expected_keys(store: str) -> set[str]:
         f"{store}.deadlock.p99",
         f"{store}.reap",
         f"{store}.admin_changelist",
+        f"{store}.admin_waiting",
         f"{store}.async.pair",
         f"{store}.async.tasks",
         f"{store}.async.wakeup.p50",
@@ -60,7 +63,7 @@ def test_quick_run_reports_every_figure_next_to_its_baseline(es_url, tmp_path):
     report = json.loads(out.getvalue())
     assert report["errors"] == []
     figures = {f["key"]: f for f in report["figures"]}
-    assert set(figures) == expected_keys("elasticsearch") | expected_keys("postgres")
+    assert set(figures) == expected_keys("elasticsearch") | expected_keys("postgres") | GRAPH_KEYS
     for key, figure in figures.items():
         assert figure["value"] is not None and figure["baseline"] is not None, key
         assert figure["baseline"] > 0 and math.isclose(
@@ -74,6 +77,19 @@ def test_quick_run_reports_every_figure_next_to_its_baseline(es_url, tmp_path):
     assert figures["elasticsearch.reap"]["extra"]["evicted"] == report["options"]["reap_count"]
     assert figures["postgres.admin_changelist"]["extra"]["paged"] is True
     assert figures["elasticsearch.admin_changelist"]["extra"]["paged"] is True
+    # The waiting page read every real waiting request and their deadlock, and showed the first 100 rows.
+    for store in ("elasticsearch", "postgres"):
+        waiting = figures[f"{store}.admin_waiting"]
+        count = report["options"]["waiting_count"]
+        assert waiting["note"] == "" and waiting["extra"]["status"] == 200
+        assert (waiting["extra"]["waiting"], waiting["extra"]["deadlocks"]) == (count + 1, 1)
+        assert (waiting["extra"]["rows"], waiting["extra"]["more_requests"]) == (100, count + 1 - 100)
+    # The graph figures: one deadlock of the whole crowd, the same victim; the quadratic edges counted beside.
+    for size in (100, 1000):
+        graph = figures[f"graph.n{size}"]["extra"]
+        assert (graph["requests"], graph["deadlocks"], graph["deadlocked_owners"]) == (size + 1, 1, size + 1)
+        assert graph["victim"] == "request-b" and graph["quadratic_edges"] > size * size / 4
+    assert figures["graph.growth"]["baseline"] == figures["graph.n100"]["value"]
     if HAS_MATPLOTLIB:
         assert png.read_bytes().startswith(PNG_SIGNATURE)
     # Every round of the deadlock figure had exactly one victim, which cannot give up before the deadlock timeout.
@@ -97,7 +113,8 @@ def test_sqlite_is_measured_when_named(tmp_path):
     report = json.loads(out.getvalue())
     assert report["errors"] == []
     figures = {f["key"]: f for f in report["figures"]}
-    assert set(figures) == expected_keys("sqlite")
+    assert set(figures) == expected_keys("sqlite") | GRAPH_KEYS
+    assert figures["sqlite.admin_waiting"]["extra"]["waiting"] == report["options"]["waiting_count"] + 1
     assert figures["sqlite.reap"]["extra"]["evicted"] == report["options"]["reap_count"]
     assert figures["sqlite.async.tasks"]["goal"] is None and figures["sqlite.async.tasks"]["extra"]["tasks"] == 20
     assert report["facts"]["sqlite"]["journal_mode"] == "wal"
@@ -181,3 +198,13 @@ def test_peers_are_measured_beside_ours_or_skipped_with_a_reason(monkeypatch):
         contention = figures["postgres.peer.tooz_pg.contention"]
         assert contention["baseline"] > 0 and contention["goal"] is not None
         assert figures["postgres.peer.tooz_pg.pair"]["baseline"] > 0
+
+
+def test_only_the_named_figures_are_measured():
+    out = io.StringIO()
+    call_command("lock_bench", "--only", "graph", "--quick", "--json", stdout=out, stderr=io.StringIO())
+    report = json.loads(out.getvalue())
+    assert report["errors"] == [] and {f["key"] for f in report["figures"]} == GRAPH_KEYS
+    assert "wake_floor" not in report["facts"]  # no worker process was started
+    with pytest.raises(CommandError, match="--only"):
+        call_command("lock_bench", "--only", "graph,nothing", stdout=io.StringIO(), stderr=io.StringIO())

@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 import datetime
+import random
+from collections import Counter
 
-from django_esdlock.deadlock import confirmed, cycles, find_cycle, wait_edges
+import pytest
+
+from django_esdlock.bench import quadratic
+from django_esdlock.bench.graph import crowd_state
+from django_esdlock.deadlock import (
+    Cycle,
+    WaitEdge,
+    WaitForGraph,
+    confirmed,
+    cycles,
+    find_cycle,
+    wait_edges,
+    waiting_requests,
+)
 from django_esdlock.modes import Mode
 from django_esdlock.records import HolderRecord, Kind, Node, WaiterRecord, WaitState
 
@@ -115,3 +130,214 @@ def test_a_cycle_is_confirmed_only_if_every_edge_still_stands_with_the_same_memb
 def test_own_holders_never_make_an_edge():
     s = state(holds("A", "/a", Mode.S), waits("A", "/a", Mode.X, ticket=1))
     assert wait_edges(s) == [] and find_cycle(s, "r-A") is None
+
+
+# --- the same answers as the quadratic construction (django_esdlock/bench/quadratic.py) -------------
+
+RANDOM_STATES = 2000
+
+
+def random_state(rng: random.Random) -> WaitState:
+    """A small state: a few owners holding and waiting on a few nodes, tickets that sometimes tie.
+
+    Ids of holders and requests never coincide, and a request has one marker per node (as stores record them).
+    """
+    paths = [f"/{c}" for c in "abcd"[: rng.randint(1, 4)]]
+    owners = [f"o{i}" for i in range(rng.randint(2, 7))]
+    modes = list(Mode)
+
+    def fields(owner: str) -> dict:
+        # Now and then an owner the store did not record (an older release's marker): a stand-in key.
+        return {} if owner == "o6" else {"key": owner, "host": "h", "pid": 1}
+
+    holders = [
+        HolderRecord(node(rng.choice(paths)), rng.choice(modes), f"h{i}", fields(rng.choice(owners)), 1, None, LATER)
+        for i in range(rng.randint(0, 6))
+    ]
+    waiters = []
+    for i in range(rng.randint(1, 8)):
+        owner, ticket = rng.choice(owners), rng.randint(1, 12)
+        for path in rng.sample(paths, rng.randint(1, len(paths))):
+            waiters.append(WaiterRecord(node(path), rng.choice(modes), f"r{i}", fields(owner), ticket, LATER))
+    rng.shuffle(waiters)
+    return WaitState(tuple(waiters), tuple(holders))
+
+
+def owners_waiting_for_each_other(edges: list[WaitEdge]) -> set[frozenset[str]]:
+    """The groups of two or more owners each reachable from the other along ``edges`` (by closure: small graphs)."""
+    reach: dict[str, set[str]] = {}
+    for e in edges:
+        reach.setdefault(e.waiter_owner, set()).add(e.blocker_owner)
+        reach.setdefault(e.blocker_owner, set())
+    changed = True
+    while changed:
+        changed = False
+        for targets in reach.values():
+            more = set().union(*(reach[t] for t in targets)) - targets
+            if more:
+                targets |= more
+                changed = True
+    groups = {frozenset({o} | {t for t in reach[o] if o in reach[t]}) for o in reach}
+    return {g for g in groups if len(g) > 1}
+
+
+def check_against_quadratic(s: WaitState) -> dict[str, int]:
+    """Assert every answer of WaitForGraph on ``s`` is the quadratic construction's; return what ``s`` exercised."""
+    graph = WaitForGraph(s)
+    every = quadratic.wait_edges(s)
+    keys = {e.key for e in every}
+    # find_cycle: the very same cycle (requests, edges, order) from every request, hence the same victim.
+    for holder_id in waiting_requests(s):
+        assert graph.find_cycle(holder_id) == quadratic.find_cycle(s, holder_id), holder_id
+    # deadlocks: the owners that wait for each other through every edge, two or more.
+    assert set(graph.deadlocks) == owners_waiting_for_each_other(every)
+    # cycles: the first cycle the quadratic listing has of each deadlock, in its order.
+    old = quadratic.cycles(s)
+    component = {o: i for i, owners in enumerate(graph.deadlocks) for o in owners}
+    first: dict[int, Cycle] = {}
+    for cycle in old:
+        (at,) = {component[o] for o in cycle.owners}
+        first.setdefault(at, cycle)
+    assert graph.cycles() == list(first.values())
+    assert {r.holder_id for c in old for r in c.requests} <= {
+        h for h, r in waiting_requests(s).items() if r.owner_key in component
+    }
+    # edges: a subset of every edge; every holder edge; per marker and mode the nearest earlier marker.
+    assert set(graph.edges) <= set(every)
+    assert {e for e in every if not e.queued} == {e for e in graph.edges if not e.queued}
+    ticket = {(w.holder_id, w.node): w.ticket for w in s.waiters}
+    for waiter, node_, mode in {(e.waiter, e.node, e.blocker_mode) for e in every if e.queued}:
+        behind = [e for e in every if e.queued and (e.waiter, e.node, e.blocker_mode) == (waiter, node_, mode)]
+        (shown,) = [e for e in graph.edges if e.queued and (e.waiter, e.node, e.blocker_mode) == (waiter, node_, mode)]
+        assert ticket[(shown.blocker, node_)] == max(ticket[(e.blocker, node_)] for e in behind)
+    # stands (confirmed's test): exactly the keys of the relation, over every pair on a node.
+    for w in s.waiters:
+        for other in (*s.holders, *s.waiters):
+            if other.node == w.node:
+                candidate = WaitEdge(
+                    w.holder_id, w.owner_key, w.node, w.mode, other.holder_id, other.owner_key, other.mode
+                )
+                assert graph.stands(candidate) == (candidate.key in keys)
+    return {
+        "cycles": len(old),
+        "knotted": len(old) - len(graph.cycles()),
+        "queued_in_cycle": sum(e.queued for c in old for e in c.edges),
+        "edges_left_out": len(every) - len(graph.edges),
+    }
+
+
+def test_the_same_cycles_victims_and_confirmations_as_the_quadratic_construction_on_random_states():
+    rng = random.Random(24)
+    seen = Counter()
+    for _ in range(RANDOM_STATES):
+        s = random_state(rng)
+        exercised = check_against_quadratic(s)
+        seen.update({k: 1 for k, v in exercised.items() if v})
+        # confirmed() on a later read that lost some records: the same verdict as before.
+        later = WaitState(
+            tuple(w for w in s.waiters if rng.random() > 0.1), tuple(h for h in s.holders if rng.random() > 0.1)
+        )
+        for cycle in quadratic.cycles(s):
+            assert confirmed(cycle, later) == quadratic.confirmed(cycle, later)
+            assert confirmed(cycle, s)
+    # The states exercised what differs: cycles, several rings in one deadlock, queues inside cycles.
+    assert min(seen[k] for k in ("cycles", "knotted", "queued_in_cycle", "edges_left_out")) > 20, seen
+
+
+def test_a_waiter_behind_one_that_holds_the_node_still_waits_for_the_rest_of_the_queue():
+    # C holds /q (IS) and waits for X there: it queues behind nobody. A's wait for B goes past C, not through it:
+    # edges to the nearest earlier waiter only would lose the deadlock A -> B -> A.
+    s = state(
+        holds("C", "/q", Mode.IS),
+        holds("A", "/z"),
+        waits("B", "/q", ticket=1),
+        waits("C", "/q", ticket=2),
+        waits("A", "/q", ticket=3),
+        waits("B", "/z", ticket=1),
+    )
+    cycle = find_cycle(s, "r-A")
+    assert cycle is not None and set(cycle.owners) == {"A", "B"}
+    assert cycle == quadratic.find_cycle(s, "r-A")
+    assert confirmed(cycle, s)
+    # Shown: A queued behind C (nearest), not behind B; the search still followed A -> B.
+    assert [(e.blocker_owner, e.queued) for e in wait_edges(s) if e.waiter == "r-A"] == [("C", False), ("C", True)]
+
+
+def crowd_behind_a_deadlock(size: int) -> WaitState:
+    """``size`` requests queued for X on /q, held by A; A waits for /b, held by B; B's request on /q is the youngest.
+
+    Every member of the crowd waits for A, who waits for B, who queues behind the crowd: one deadlock of them all.
+    """
+    records: list[HolderRecord | WaiterRecord] = [holds("A", "/q"), holds("B", "/b")]
+    records += [waits(f"c{i:05d}", "/q", ticket=10 + i) for i in range(size)]
+    records += [waits("A", "/b", ticket=5), waits("B", "/q", ticket=10 + size)]
+    return state(*records)
+
+
+def test_a_crowd_queued_behind_a_deadlock_is_one_component_and_the_youngest_request_is_the_victim():
+    s = crowd_behind_a_deadlock(60)
+    graph = WaitForGraph(s)
+    assert [len(owners) for owners in graph.deadlocks] == [62]
+    for holder_id in ("r-A", "r-B", "r-c00000", "r-c00059"):
+        assert graph.find_cycle(holder_id) == quadratic.find_cycle(s, holder_id)
+        assert graph.find_cycle(holder_id).victim.holder_id == "r-B"
+    (cycle,) = graph.cycles()
+    assert cycle.victim.holder_id == "r-B"
+    # Queued edges on /q: 60·59/2 among the crowd and 60 of B's in the quadratic construction; one per waiter
+    # here (but the first's). Holder edges as before: 61 to A, A's to B.
+    assert len(quadratic.wait_edges(s)) == 60 * 59 // 2 + 60 + 62
+    assert len(graph.edges) == 59 + 1 + 62
+
+
+def test_a_ring_of_thousands_of_owners_is_found_without_recursion():
+    size = 3000
+    records: list[HolderRecord | WaiterRecord] = []
+    for i in range(size):
+        records += [holds(f"o{i}", f"/n{i}"), waits(f"o{i}", f"/n{(i + 1) % size}", ticket=i)]
+    s = state(*records)
+    cycle = find_cycle(s, "r-o0")
+    assert cycle is not None and len(cycle.requests) == size and cycle.victim.holder_id == f"r-o{size - 1}"
+    assert [c.victim.holder_id for c in cycles(s)] == [f"r-o{size - 1}"]
+
+
+def test_the_same_cycles_through_a_crowd_of_mixed_modes_and_random_owner_keys():
+    # The bench's state: the search walks the crowd in key order, through prefixes of the queues.
+    s = crowd_state(80)
+    graph = WaitForGraph(s)
+    for holder_id in waiting_requests(s):
+        assert graph.find_cycle(holder_id) == quadratic.find_cycle(s, holder_id), holder_id
+    assert [c.victim.holder_id for c in graph.cycles()] == ["request-b"]
+    assert set(graph.deadlocks) == owners_waiting_for_each_other(quadratic.wait_edges(s))
+
+
+def test_the_collector_is_paused_while_reading_and_left_as_the_application_had_it():
+    import gc
+
+    from django_esdlock.deadlock import collector_paused
+
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the application's choice stands
+    finally:
+        gc.enable()
+    with pytest.raises(ZeroDivisionError), collector_paused():
+        1 / 0  # noqa: B018
+    assert gc.isenabled()
+
+
+def test_many_small_deadlocks_each_have_their_cycle_and_victim():
+    records: list[HolderRecord | WaiterRecord] = []
+    for i in range(100):
+        a, b = f"a{i:03d}", f"b{i:03d}"
+        records += [holds(a, f"/{a}"), holds(b, f"/{b}")]
+        records += [waits(a, f"/{b}", ticket=2 * i), waits(b, f"/{a}", ticket=2 * i + 1)]
+    s = state(*records)
+    found = cycles(s)
+    assert [c.victim.holder_id for c in found] == [f"r-b{i:03d}" for i in range(100)]
+    assert found == quadratic.cycles(s)

@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_esdlock.modes import Mode
@@ -87,3 +87,40 @@ def test_a_store_that_cannot_list_waiters(django_db_blocker):
         assert report["waiting"]["edges"] == [] and report["counts"]["cycles"] == 0
         assert reap(config) == "Removed 0 expired holder(s).\n"
         assert "cannot list waiting requests" in reap(config, verbosity=2)
+
+
+def test_the_first_rows_are_shown_and_the_rest_counted(lock_config, backend):
+    backend.marker_ttl = 60
+    now = time.time_ns()
+    hold(backend, "holder", "/crowd")
+    for i in range(4):
+        wait(backend, f"c{i}", "/crowd", ticket=now + i)
+    for pair, (first, second) in enumerate((("alice", "bob"), ("carol", "dave"))):
+        hold(backend, first, f"/{first}")
+        hold(backend, second, f"/{second}")
+        wait(backend, first, f"/{second}", ticket=now - 10_000_000_000 + pair, holds=True)
+        wait(backend, second, f"/{first}", ticket=now - 5_000_000_000 + pair, holds=True)
+    # 8 requests; edges: the crowd's 4 on its holder and 3 queued (each behind the one before), 4 in the cycles.
+    report = json.loads(reap(lock_config, "--json", "--waiting-limit", "2"))
+    waiting, counts = report["waiting"], report["counts"]
+    assert set(waiting) == {"supported", "error", "requests", "edges", "cycles"}
+    assert [r["holder_id"] for r in waiting["requests"]] == ["alice-waits", "carol-waits"]  # the oldest
+    assert len(waiting["edges"]) == 2 and len(waiting["cycles"]) == 2
+    assert (counts["waiting_requests"], counts["waiting_edges"], counts["cycles"]) == (8, 11, 2)
+    assert (counts["waiting_requests_shown"], counts["waiting_edges_shown"], counts["cycles_shown"]) == (2, 2, 2)
+    assert report["waiting_limit"] == 2 and report["waiting_truncated"] is True
+    everything = json.loads(reap(lock_config, "--json", "--waiting-limit", "0"))
+    assert len(everything["waiting"]["requests"]) == 8 and len(everything["waiting"]["edges"]) == 11
+    assert everything["waiting_limit"] is None and everything["waiting_truncated"] is False
+    default = json.loads(reap(lock_config, "--json"))
+    assert default["waiting_limit"] == 100 and default["waiting_truncated"] is False
+    assert default["waiting"] == everything["waiting"]
+    # Text: the first deadlock, the first edges at verbosity 2, and how many more.
+    out = reap(lock_config, "--waiting-limit", "1", verbosity=2)
+    assert "8 request(s) waiting, 11 wait-for edge(s), 2 deadlock(s)." in out
+    assert out.count("Deadlock between 2 requests") == 1
+    assert "... and 1 more deadlock(s) not shown (--waiting-limit 1; 0 for all)." in out
+    assert out.count(" waits for X on ") == 1 + 2  # one edge line, and one in each deadlock's description
+    assert "... and 10 more wait-for edge(s) not shown" in out
+    with pytest.raises(CommandError):
+        reap(lock_config, "--waiting-limit", "-1")

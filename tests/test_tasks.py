@@ -18,6 +18,7 @@ from django_esdlock import (
     alock_tree,
     aresume_lock,
     get_backend,
+    lock_documents,
     lock_tree,
     locked,
     resume_lock,
@@ -163,6 +164,48 @@ def test_async_handoff_and_resume(lock_config, backend):
             await get_backend().aclose()  # the decorated function's: the settings' backend
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def documents_held(backend) -> dict[str, str]:
+    """The owner key holding each document of namespace ``orders``."""
+    return {h.node.key: h.owner["key"] for h in all_holders(backend) if h.node.namespace == "orders"}
+
+
+def test_a_ticket_that_does_not_cover_the_tasks_documents_is_refused_before_the_task_runs(lock_config, backend, caplog):
+    """The view held doc 1, locked [1, 2] and handed that lock off: its ticket covers doc 2 only."""
+    locked_tasks.SHIPPED.clear()
+    view_owner = Owner.current().key
+    with lock_documents(["1"], namespace="orders", backend=backend):
+        with lock_documents(["1", "2"], namespace="orders", backend=backend) as view:
+            view_holder = view.holder_id
+            ticket = view.handoff(ttl=30)
+        assert documents_held(backend) == {"1": view_owner, "2": view_owner}
+        assert "without orders:doc:1, held by its owner under another lock" in caplog.text  # said in the view
+
+        def work():  # another thread: another owner, as a worker process is
+            with pytest.raises(InvalidLockArgument, match=r"does not cover .*orders:doc:1"):
+                locked_tasks.ship_handed(["1", "2"], ticket=ticket)
+            for resume in (resume_lock, aresume_lock):  # nothing declared: the ticket's own lock must be whole
+                with pytest.raises(InvalidLockArgument, match=r"does not cover .*orders:doc:1"):
+                    resume(ticket, backend=backend)
+
+        in_another_thread(work)
+        assert locked_tasks.SHIPPED == []  # the task's body never ran
+        # Nothing was claimed: doc 2 is still the handed-off holder, under the view's owner.
+        assert documents_held(backend) == {"1": view_owner, "2": view_owner}
+        assert {h.holder_id for h in all_holders(backend) if h.node.key == "2"} == {view_holder}
+    # A task that names only what the ticket covers gets it; so does a whole ticket.
+    covered = in_another_thread(lambda: locked_tasks.ship_handed(["2"], ticket=ticket))
+    assert covered == {"holder": view_holder, "documents": ["2"]}
+    with lock_documents(["1", "2"], namespace="orders", backend=backend) as view:
+        ticket = view.handoff(ttl=30)
+    whole = in_another_thread(lambda: locked_tasks.ship_handed(["2", "1"], ticket=ticket))
+    assert whole["documents"] == ["1", "2"] and locked_tasks.SHIPPED == [["2"], ["1", "2"]]
+    with pytest.raises(InvalidLockArgument, match="the ticket locks"):  # one that covers more is refused too
+        ticket = lock_documents(["1", "2", "3"], namespace="orders", backend=backend).acquire().handoff()
+        locked_tasks.ship_handed(["1", "2"], ticket=ticket)
+    resume_lock(ticket, backend=backend).acquire().release()
+    assert all_holders(backend) == []
 
 
 # --- @locked ------------------------------------------------------------------------

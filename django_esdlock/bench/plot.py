@@ -252,7 +252,7 @@ def _goals(ax: Any, figures: Sequence[Figure]) -> None:
     requests = [f for f in figures if f.key.split(".")[1] == "requests"]
     lines: list[tuple[str, bool | None]] = []
     for f in goals:
-        short = "ES" if f.backend == "elasticsearch" else "PG"
+        short = {"elasticsearch": "ES", "postgres": "PG", "sqlite": "SQLite"}.get(f.backend, "")
         if f.goal.on == "ratio":
             shown = f"{f.ratio:.2f}{TIMES}"
             goal = f"{'≤' if f.goal.at_most else '≥'} {f.goal.limit:g}{TIMES}"
@@ -261,7 +261,7 @@ def _goals(ax: Any, figures: Sequence[Figure]) -> None:
             what = f"{label} vs {against}"
         else:
             shown, goal, what = format_value(f.value, f.unit), f.goal.text, f.label
-        lines.append((f"{short} {what}: {shown} (goal {goal})", f.met))
+        lines.append((f"{short} {what}: {shown} (goal {goal})".lstrip(), f.met))
     for store in dict.fromkeys(f.backend for f in requests):
         flat = all(f.met for f in requests if f.backend == store)
         lines.append((f"{STORE_TITLES[store]} requests per acquire constant by depth", flat))

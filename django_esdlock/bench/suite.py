@@ -18,6 +18,7 @@ from ..redaction import redact, redact_data
 from . import aio, scenarios
 from .admin import changelist
 from .common import Figure
+from .graph import graph_figures, waiting_page
 from .kit import StoreKit
 from .peers import redis_lock, tooz_postgres
 from .stores import elasticsearch_store, postgres_store, sqlite_store
@@ -27,6 +28,24 @@ STORES = ("elasticsearch", "postgres")
 """The stores of ``--backend all``: the production targets."""
 OTHER_STORES = ("sqlite",)
 """Stores measured only when named: SQLite, the zero-setup embedded default."""
+STAGES = (
+    "graph",
+    "pairs",
+    "requests",
+    "wakeup",
+    "contention",
+    "global",
+    "writer_wait",
+    "deadlock",
+    "reap",
+    "admin",
+    "admin_waiting",
+    "async_pairs",
+    "async_wakeup",
+)
+"""The figures' stages, in the order they run: ``graph`` once (no store), the others on each store."""
+POOL_STAGES = frozenset({"wakeup", "contention", "global", "writer_wait", "deadlock", "async_wakeup"})
+"""The stages that need worker processes."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +60,12 @@ class Options:
     request_rounds: int = 20
     reap_count: int = 10_000
     admin_count: int = 100_000
+    waiting_count: int = 1_000
+    """Requests waiting on one node in the admin waiting page figure."""
+    graph_sizes: tuple[int, ...] = (100, 1_000, 10_000)
+    """Waiting requests on one node in the wait-for graph figures (no store)."""
+    only: tuple[str, ...] = STAGES
+    """The stages to run (``--only``)."""
     es_url: str | None = None
     database_url: str | None = None
     peers: bool = False
@@ -111,7 +136,7 @@ def _kit(store: str, options: Options) -> Iterator[StoreKit]:
 
 
 def _stages(
-    kit: StoreKit, pool: WorkerPool, o: Options, facts: dict[str, Any], say: Callable[[str], None]
+    kit: StoreKit, pool: WorkerPool | None, o: Options, facts: dict[str, Any], say: Callable[[str], None]
 ) -> dict[str, Callable[[], Any]]:
     peers = []
     if o.peers and kit.name == "postgres":
@@ -126,6 +151,7 @@ def _stages(
         "deadlock": lambda: scenarios.deadlock_latency(kit, pool, o.deadlock_rounds, o.deadlock_timeout, say),
         "reap": lambda: scenarios.reaping(kit, o.reap_count, say),
         "admin": lambda: changelist(kit, o.admin_count, say),
+        "admin_waiting": lambda: waiting_page(kit, o.waiting_count, say),
         "async_pairs": lambda: aio.pairs(kit, o.tasks, o.seconds, say),
         "async_wakeup": lambda: aio.wakeup(kit, pool, o.wake_rounds, say),
     }
@@ -141,29 +167,44 @@ def run(options: Options, say: Callable[[str], None] = lambda message: None) -> 
         options,
         facts={"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_before": os.getloadavg()},
     )
-    say(f"starting {max(options.workers, options.churners)} worker processes")
-    pool = WorkerPool(max(options.workers, options.churners), settings_module)
+    pool = None
+    if POOL_STAGES.intersection(options.only):
+        say(f"starting {max(options.workers, options.churners)} worker processes")
+        pool = WorkerPool(max(options.workers, options.churners), settings_module)
     try:
-        report.facts["wake_floor"] = pool.wake_floor(rounds=max(10, options.wake_rounds // 2))
+        if pool is not None:
+            report.facts["wake_floor"] = pool.wake_floor(rounds=max(10, options.wake_rounds // 2))
+        if "graph" in options.only:
+            try:
+                report.figures += graph_figures(options.graph_sizes, say)
+            except Exception as e:  # noqa: BLE001 - as a stage: the stores' figures still run
+                report.errors.append({"store": "no store", "stage": "graph", "error": _describe(e)})
+                say(f"graph failed: {e}")
+        if not set(options.only) - {"graph"}:
+            return report
         for store in options.stores:
             try:
                 with _kit(store, options) as kit:
                     report.facts[store] = kit.facts()
                     try:
                         for stage, measure in _stages(kit, pool, options, report.facts, say).items():
+                            if stage not in options.only:
+                                continue
                             try:
                                 report.figures += measure()
                             except Exception as e:  # noqa: BLE001 - one broken figure must not hide the others
                                 report.errors.append({"store": store, "stage": stage, "error": _describe(e)})
                                 say(redact(f"{store}: {stage} failed: {e}"))
                     finally:
-                        pool.forget(kit.config)
+                        if pool is not None:
+                            pool.forget(kit.config)
             except Exception as e:  # noqa: BLE001 - the store could not be set up: the other may still run
                 report.errors.append({"store": store, "stage": "setup", "error": _describe(e)})
                 say(redact(f"{store}: setup failed: {e}"))
     finally:
-        pool.close()
-    report.facts["loadavg_after"] = os.getloadavg()
+        if pool is not None:
+            pool.close()
+        report.facts["loadavg_after"] = os.getloadavg()
     return report
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...bench.common import format_facts, format_table
-from ...bench.suite import OTHER_STORES, STORES, Options, run
+from ...bench.suite import OTHER_STORES, STAGES, STORES, Options, run
 from ...redaction import redact
 from ..arguments import positive
 
@@ -18,12 +18,21 @@ QUICK = {
     "request_rounds": 3,
     "reap_count": 200,
     "admin_count": 1000,
+    "waiting_count": 150,
+    "graph_sizes": (100, 1000),
     "deadlock_rounds": 3,
     "deadlock_timeout": 0.2,
 }
 """``--quick``: enough of every figure to prove the command works (CI), too little to mean anything."""
 
 MAX_DEPTH = 64  # the longest path a lock takes (paths.py)
+
+
+def _stages(value: str) -> tuple[str, ...]:
+    stages = tuple(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
+    if not stages or set(stages) - set(STAGES):
+        raise ValueError(value)
+    return stages
 
 
 def _depths(value: str) -> tuple[int, ...]:
@@ -37,7 +46,8 @@ class Command(BaseCommand):
     help = (
         "Benchmark the lock stores (a throwaway Elasticsearch index, PostgreSQL database or SQLite file): "
         "tree lock pairs/s by depth against raw store operations, requests per acquire, wake-up latency, "
-        "contention, writer wait, deadlock detection latency, reaping, the admin changelist and the async API "
+        "contention, writer wait, deadlock detection latency, reaping, the admin changelist, the wait-for graph of "
+        "100 to 10,000 waiting requests and the admin waiting page over 1,000, and the async API "
         "(1 task, many tasks, wake-up); "
         "one table of figures and baselines."
     )
@@ -72,6 +82,13 @@ class Command(BaseCommand):
             type=positive(int),
             metavar="N",
             help="Deadlocks to measure in the deadlock detection figure (default 20; 3 with --quick).",
+        )
+        parser.add_argument(
+            "--only",
+            type=_stages,
+            default=STAGES,
+            metavar="STAGE,...",
+            help=f"Measure only these figures: {', '.join(STAGES)} (default: all; graph needs no store).",
         )
         parser.add_argument("--quick", action="store_true", help="A few seconds in all, for CI; figures mean little.")
         parser.add_argument(
@@ -116,6 +133,7 @@ class Command(BaseCommand):
             es_url=options["es_url"],
             database_url=options["database_url"],
             peers=options["peers"],
+            only=options["only"],
             **sizes,
         )
         verbose = options["verbosity"] >= 1

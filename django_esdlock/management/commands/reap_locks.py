@@ -13,7 +13,14 @@ from ...conf import get_backend
 from ...exceptions import LockError
 from ...paths import normalize_namespace
 from ...reaper import Reaper
-from ...waiting import WaitGraph, owner_label
+from ...waiting import SHOWN, WaitGraph, owner_label
+
+
+def _limit(value: str) -> int:
+    count = int(value)
+    if count < 0:
+        raise ValueError(value)
+    return count
 
 
 def _grace(value: str) -> float:
@@ -51,6 +58,14 @@ class Command(BaseCommand):
             help="Only holders expired for longer than this (default 0).",
         )
         parser.add_argument(
+            "--waiting-limit",
+            type=_limit,
+            default=SHOWN,
+            metavar="N",
+            help=f"Show at most N waiting requests, wait-for edges and deadlocks each, and count the rest "
+            f"(default {SHOWN}; 0: all of them).",
+        )
+        parser.add_argument(
             "--local-pids",
             action="store_true",
             help="Also free holders owned by processes of this host that are provably gone.",
@@ -84,12 +99,16 @@ class Command(BaseCommand):
         if not options["json"] and verbosity < 1:
             return
         waiting = self._waiting(reaper.backend, namespace)
+        limit = options["waiting_limit"] or None
         if options["json"]:
             output = report.as_dict()
             graph = waiting.graph or WaitGraph((), (), (), {})
-            output["waiting"] = {"supported": waiting.supported, "error": waiting.error, **graph.as_dict()}
-            output["counts"].update(
-                waiting_requests=len(graph.requests), waiting_edges=len(graph.edges), cycles=len(graph.cycles)
+            output["waiting"] = {"supported": waiting.supported, "error": waiting.error, **graph.as_dict(limit)}
+            counts = graph.counts(limit)
+            output["counts"].update(counts)
+            output["waiting_limit"] = limit
+            output["waiting_truncated"] = any(
+                counts[f"{what}_shown"] < counts[what] for what in ("waiting_requests", "waiting_edges", "cycles")
             )
             self.stdout.write(json.dumps(output, indent=2, sort_keys=True))
             return
@@ -113,7 +132,7 @@ class Command(BaseCommand):
         if verbosity >= 2:
             for record in report.evicted + report.dead_local:
                 self.stdout.write(f"  {record.node} {record.mode} holder {record.holder_id} owner {dict(record.owner)}")
-        self._write_waiting(waiting, verbosity)
+        self._write_waiting(waiting, verbosity, limit)
 
     def _waiting(self, backend: Any, namespace: str | None) -> _Waiting:
         """Read the wait-for graph now. Reaping is done by then: a failure here is reported, not raised."""
@@ -124,7 +143,7 @@ class Command(BaseCommand):
         except LockError as e:
             return _Waiting(None, error=f"reading the waiting requests failed: {e}")
 
-    def _write_waiting(self, waiting: _Waiting, verbosity: int) -> None:
+    def _write_waiting(self, waiting: _Waiting, verbosity: int, limit: int | None) -> None:
         graph = waiting.graph
         if graph is None:
             if waiting.supported:
@@ -138,7 +157,7 @@ class Command(BaseCommand):
             f"{len(graph.requests)} request(s) waiting, {len(graph.edges)} wait-for edge(s), "
             f"{len(graph.cycles)} deadlock(s)."
         )
-        for cycle in graph.cycles:
+        for cycle in graph.cycles[:limit]:
             victim = cycle.victim
             self.stdout.write(
                 self.style.WARNING(
@@ -146,10 +165,16 @@ class Command(BaseCommand):
                     f"{owner_label(victim.owner)}: {cycle.describe()}"
                 )
             )
+        self._write_rest(len(graph.cycles), limit, "deadlock(s)")
         if verbosity >= 2:
-            for edge in graph.edges:
+            for edge in graph.edges[:limit]:
                 what = "queued behind waiting request" if edge.queued else "held by"
                 self.stdout.write(
                     f"  {edge.waiter} waits for {edge.mode} on {edge.node}, {what} {edge.blocker} "
                     f"({edge.blocker_mode}, owner {graph.blocker_label(edge)})"
                 )
+            self._write_rest(len(graph.edges), limit, "wait-for edge(s)")
+
+    def _write_rest(self, count: int, limit: int | None, what: str) -> None:
+        if limit is not None and count > limit:
+            self.stdout.write(f"... and {count - limit} more {what} not shown (--waiting-limit {limit}; 0 for all).")
