@@ -671,6 +671,9 @@ class _Renewer:
     FIRST_RENEWAL = 1.0
     """Seconds to the first renewal at most: it also records the fencing token with the holder."""
 
+    BATCH_WINDOW = 0.1
+    """A renewal due this many seconds from now (a tenth of its period at most) goes with those due now."""
+
     def __init__(self) -> None:
         self._after_fork()
         os.register_at_fork(after_in_child=self._after_fork)
@@ -711,6 +714,9 @@ class _Renewer:
                 gives_up = self._renewing.get(lock, 0.0)
                 self._cond.wait_for(lambda: lock not in self._renewing, timeout=gives_up - time.monotonic())
 
+    def _window(self, lock: BaseLock) -> float:
+        return min(self.BATCH_WINDOW, lock._grant.request.ttl / 30) if lock._grant else 0.0
+
     def renewing(self, lock: BaseLock) -> bool:
         """Whether a renewal of ``lock`` is in flight now."""
         with self._cond:
@@ -731,7 +737,7 @@ class _Renewer:
             ended = [lock for lock in self._held if lock._lost_reason is None and lock._valid_until <= now]
             for lock in ended:
                 self._due.pop(lock, None)
-            due = [lock for lock, at in self._due.items() if at <= now]
+            due = [lock for lock, at in self._due.items() if at <= now + self._window(lock)]
             if not due and not ended:
                 wake = min(
                     (*self._due.values(), *(lock._valid_until for lock in self._held if lock._lost_reason is None)),

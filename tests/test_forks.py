@@ -201,7 +201,8 @@ def test_async_lock_in_a_forked_child(backend):
 
             seen = in_fork(child)
             await asyncio.to_thread(assert_parent_still_holds, lock, backend, path)
-            return seen
+        await backend.aclose()
+        return seen
 
     seen = asyncio.run(main())
     assert seen["held"] is False and seen["checkpoint"] == "LockLost"

@@ -162,8 +162,11 @@ def test_a_failure_between_the_grant_and_the_block_gives_the_grant_back(backend,
         else:
 
             async def run() -> None:
-                async with alock_tree("/given/back", backend=backend):
-                    pytest.fail("the block ran")
+                try:
+                    async with alock_tree("/given/back", backend=backend):
+                        pytest.fail("the block ran")
+                finally:
+                    await backend.aclose()
 
             asyncio.run(run())
     assert sent == ["lock_acquired"]
