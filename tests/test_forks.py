@@ -21,9 +21,13 @@ from django_esdlock.conf import load_backend
 from django_esdlock.locks import _registry, _renewer
 
 from .black_hole import black_holed
+from .contract import refused_to_another_owner
 
 # Forking a process that runs threads (the renewer) is the very case under test.
 pytestmark = pytest.mark.filterwarnings("ignore:.*multi-threaded.*fork:DeprecationWarning")
+
+TTL = 2.0
+"""Short leases, so the parent's renewals are seen going on; not so short that a busy machine loses them."""
 
 CHILD_PATIENCE = 60.0
 """Seconds a forked child gets: one that hangs fails the test after this, not the whole run."""
@@ -102,19 +106,7 @@ def assert_parent_still_holds(lock, backend, path: str) -> None:
     lock.check()
     (record,) = [r for r in backend.node_holders(lock.targets[-1][0]) if r.holder_id == lock.holder_id]
     assert record.owner["pid"] == os.getpid()
-    outcome: list[str] = []
-
-    def other_thread() -> None:  # another owner of this process
-        try:
-            lock_tree(path, timeout=0, backend=backend).acquire().release()
-            outcome.append("taken")
-        except LockUnavailable:
-            outcome.append("refused")
-
-    thread = threading.Thread(target=other_thread)
-    thread.start()
-    thread.join(30)
-    assert outcome == ["refused"]
+    assert refused_to_another_owner(path, backend) == "refused"
 
 
 def wait_past(moment: float, timeout: float = 60.0) -> None:
@@ -126,7 +118,7 @@ def wait_past(moment: float, timeout: float = 60.0) -> None:
 
 @pytest.fixture
 def backend(store_config):
-    backend = load_backend({**store_config, "TTL": 1.5})
+    backend = load_backend({**store_config, "TTL": TTL})
     yield backend
     backend.close()
 
@@ -138,7 +130,7 @@ def test_os_fork_inside_a_with_block(backend):
         seen = in_fork(lambda: inherited_checks(lock, backend, path))
         assert_inherited(seen, os.getpid())
         # The parent is untouched: its renewer goes on past three leases, its release is a release.
-        wait_past(acquired + 3 * 1.5)
+        wait_past(acquired + 3 * TTL)
         assert_parent_still_holds(lock, backend, path)
     assert lock.lost is False and backend.node_holders(lock.targets[-1][0]) == []
 
