@@ -370,7 +370,9 @@ class HeldLockAdmin(admin.ModelAdmin):
                 action_flag=DELETION,
                 change_message=f"Force-released holder {holder_id} on {len(records)} node(s).",
             )
-            signals.lock_force_released.send(sender=type(self), holder=main, records=records, user=request.user)
+            signals.send(
+                signals.lock_force_released, sender=type(self), holder=main, records=records, user=request.user
+            )
         self.message_user(
             request,
             ngettext("Released %(count)d holder.", "Released %(count)d holders.", released) % {"count": released},

@@ -64,10 +64,9 @@ async def _shielded(work: Awaitable[T]) -> T:
 
 
 async def _stop_renewing(lock: BaseLock) -> None:
-    """Stop renewing ``lock``; a renewal of it in flight ends first, waited for in a thread, not on the loop.
+    """Stop renewing ``lock`` for a hand-off; a renewal of it in flight ends first, waited for in a thread.
 
-    Landing after a release it would report the lock lost; after a hand-off's
-    renewal it would cut the ticket's lease short.
+    Landing after the hand-off's renewal, it would cut the ticket's lease short.
     """
     _renewer.remove(lock)  # no renewal of it starts from here on
     if _renewer.renewing(lock):
@@ -91,12 +90,15 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
         """Take the lock, waiting as ``timeout`` says; return self."""
         backend, request = self._start()
         steps = self._attempts(backend, request)
+        granted: Grant | None = None
         try:
             step = next(steps)
             while True:
                 outcome: Any = None
                 if step is _TRY:
                     outcome = await self._try(backend, request)
+                    if isinstance(outcome, Grant):
+                        granted = outcome
                 elif isinstance(step, _Sleep):
                     await asyncio.sleep(step.seconds)
                 elif isinstance(step, _Look):
@@ -107,12 +109,30 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
         except StopIteration as done:
             grant, started = done.value
         except BaseException:
+            if granted is not None:
+                await self._give_back(backend, granted)
             if request.ticket is not None:
                 with contextlib.suppress(Exception):  # the markers expire by themselves anyway
                     await _shielded(backend.awithdraw(request))
             raise
-        self._hold(grant, started)
+        await self._hold_or_give_back(backend, grant, started)
         return self
+
+    async def _hold_or_give_back(self, backend: BaseLockBackend, grant: Grant, started: float) -> None:
+        """:meth:`_hold` the grant; if that fails, give it back to the store before the error goes on."""
+        try:
+            self._hold(grant, started)
+        except BaseException:
+            await self._give_back(backend, grant)
+            raise
+
+    @staticmethod
+    async def _give_back(backend: BaseLockBackend, grant: Grant) -> None:
+        """Release a grant that never reached the caller (even if cancelled meanwhile), best-effort."""
+        try:
+            await _shielded(backend.arelease(grant))
+        except Exception:  # the error that made us give it back is the one to see
+            logger.warning("could not give back a grant of %s", grant.taken[-1:] or "nothing", exc_info=True)
 
     @staticmethod
     async def _try(backend: BaseLockBackend, request: LockRequest) -> Grant | LockStoreBusy | None:
@@ -132,11 +152,10 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
     async def release(self) -> None:
         """Give the lock back (even if the task is cancelled meanwhile); raise LockLost if it had been lost."""
         grant = self._grant
-        if grant is None:
+        if grant is None or self._forget_inherited():
             return
 
         async def let_go() -> tuple[tuple[bool, bool], bool]:
-            await _stop_renewing(self)
             lost = self._letting_go()
             return lost, await self.backend.arelease(grant)
 
@@ -152,7 +171,7 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
         self.check()
         assert self._grant is not None
         started = time.monotonic()
-        if not await self.backend.arenew(self._grant, checkpoint=checkpoint):
+        if not await self.backend.arenew(self._grant, checkpoint=checkpoint, timeout=self._call_timeout()):
             self._mark_lost("its holder record was gone at checkpoint")
             self.check()
         self._checkpoint = checkpoint
@@ -162,6 +181,7 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
         """Async :meth:`Lock.handoff <django_esdlock.locks.Lock.handoff>`: return a ticket for ``aresume_lock``."""
         ttl = _validate_ttl(ttl)
         self.check()
+        timeout = self._call_timeout()
         try:
             await _shielded(_stop_renewing(self))
         except BaseException:  # cancelled: the lock stays ours, renewed as before
@@ -170,7 +190,7 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
             raise
         renewed = self._handoff_start(ttl, settle=False)
         try:
-            ok = await _shielded(self.backend.arenew(renewed))
+            ok = await _shielded(self.backend.arenew(renewed, timeout=timeout))
         except BaseException:
             self._handoff_failed()
             raise

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 import urllib.parse
 from typing import Any
 
@@ -13,6 +12,7 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from .exceptions import InvalidLockBackend
+from .forks import ForkSafeLock
 from .limits import Limits
 from .redaction import add_secrets, url_secrets
 
@@ -148,7 +148,7 @@ def load_backend(value: Any = None):
 
 
 _backend = None
-_backend_lock = threading.Lock()
+_backend_lock = ForkSafeLock()
 
 
 def get_backend():

@@ -201,6 +201,15 @@ class _Resumed:
             "require_live": True,
         }
 
+    @staticmethod
+    def _given_back_on_failure(grant: Grant) -> bool:
+        """Whether a claimed grant that cannot reach the task is released: not with an intent, which the
+        handing process may have half carried out; its lease ends it and the reaper recovers it."""
+        if grant.request.intent is None:
+            return True
+        logger.warning("left the claimed holder %s to its lease and the reaper", grant.request.holder_id)
+        return False
+
     def _claimed(self, grant: Grant | None) -> Grant:
         """Check a claim's outcome: the grant of every node of the ticket, else LockLost."""
         holder = f"holder {self.ticket.holder_id} of {self.ticket.targets[-1][0]}"
@@ -225,7 +234,13 @@ class ResumedLock(_Resumed, Lock):
         args = self._claim_args()
         backend = self.backend
         started = time.monotonic()
-        self._hold(self._claimed(backend.take_over(**args)), started)
+        grant = self._claimed(backend.take_over(**args))
+        try:
+            self._hold(grant, started)
+        except BaseException:
+            if self._given_back_on_failure(grant):
+                self._give_back(backend, grant)
+            raise
         logger.debug("resumed %r from a ticket of token %s", self, self.ticket.token)
         return self
 
@@ -239,8 +254,13 @@ class AsyncResumedLock(_Resumed, AsyncLock):
         backend = self.backend
         started = time.monotonic()
         # Shielded: a claim cancelled halfway would leave a holder nobody renews or releases.
-        grant = await _shielded(backend.atake_over(**args))
-        self._hold(self._claimed(grant), started)
+        grant = self._claimed(await _shielded(backend.atake_over(**args)))
+        try:
+            self._hold(grant, started)
+        except BaseException:
+            if self._given_back_on_failure(grant):
+                await self._give_back(backend, grant)
+            raise
         return self
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -11,7 +13,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any
 
 from . import signals
@@ -27,6 +29,7 @@ from .exceptions import (
     LockTimeout,
     LockUnavailable,
 )
+from .forks import ForkSafeLock
 from .modes import Mode, compatible
 from .paths import ancestors, normalize_key, normalize_namespace, normalize_path
 from .records import Grant, Kind, LockRequest, Node, Owner, current_task
@@ -95,7 +98,8 @@ class BaseLock:
 
     While held, a background renewer keeps the lease alive; if that fails the
     lock is *lost*: :attr:`lost` turns True, :meth:`check` raises LockLost and
-    so does the release.
+    so does the release. A lock belongs to the process that took it: in a
+    forked child it is not held, and its release there touches nothing.
     """
 
     def __init__(
@@ -117,15 +121,21 @@ class BaseLock:
         self.reentrant = reentrant
         self._backend = backend
         self._grant: Grant | None = None
+        self._pid: int | None = None
+        """The process that took the grant: a forked child inherits the object, not the lock."""
         self._valid_until = 0.0
+        """When the lease ends as this holder counts it (``time.monotonic()``): before any store node could."""
         self._lost_reason: str | None = None
         self._checkpoint: dict[str, Any] | None = None
         self._handed_off = False
 
     def __repr__(self) -> str:
-        state = (
-            "held" if self.held else "lost" if self._lost_reason else "handed off" if self._handed_off else "not held"
-        )
+        if self._inherited:
+            state = f"of process {self._pid}"
+        elif self.held:
+            state = "held"
+        else:
+            state = "lost" if self._lost_reason else "handed off" if self._handed_off else "not held"
         nodes = ", ".join(f"{node}={mode}" for node, mode in self.targets[-3:])
         return f"<{type(self).__name__} {nodes} {state} token={self.token}>"
 
@@ -144,6 +154,11 @@ class BaseLock:
         return self._grant is not None and not self.lost
 
     @property
+    def _inherited(self) -> bool:
+        """True in a process forked while this lock was held: the grant is its parent's."""
+        return self._grant is not None and self._pid != os.getpid()
+
+    @property
     def token(self) -> int | None:
         """The fencing token of this grant: larger than any earlier grant's in its namespace."""
         return self._grant.token if self._grant else None
@@ -157,7 +172,7 @@ class BaseLock:
         """True once the lease could not be kept; the lock protects nothing then."""
         if self._lost_reason is not None:
             return True
-        return self._grant is not None and time.monotonic() > self._valid_until
+        return self._grant is not None and (self._inherited or time.monotonic() > self._valid_until)
 
     @property
     def last_checkpoint(self) -> dict[str, Any] | None:
@@ -175,6 +190,8 @@ class BaseLock:
             raise LockLost(f"{self!r} was handed off: the worker that claims its ticket holds it")
         if self._grant is None and self._lost_reason is None:
             raise LockLost(f"{self!r} is not held")
+        if self._inherited:
+            raise LockLost(f"{self!r} was taken by process {self._pid} before a fork: this process does not hold it")
         if self.lost:
             raise LockLost(f"{self!r} was lost: {self._lost_reason or 'its lease ran out before a renewal'}")
 
@@ -267,24 +284,44 @@ class BaseLock:
         raise LockDeadlock(f"{self._describe()} is the youngest request of a deadlock: {cycle.describe()}", cycle=cycle)
 
     def _hold(self, grant: Grant, started: float) -> None:
-        """Become the holder of ``grant``: renewed from now on, known to deadlock detection."""
-        self._grant = grant
-        self._lost_reason = None
-        # The store started the lease after we sent the request: counting from
-        # `started` makes our idea of expiry early, never late.
-        self._valid_until = started + grant.request.ttl
-        _registry.add(self)
-        _renewer.add(self, grant.request.ttl)
-        logger.debug("acquired %r", self)
-        signals.lock_acquired.send(sender=type(self), lock=self)
+        """Become the holder of ``grant``: renewed from now on, known to deadlock detection.
 
-    def _letting_go(self, *, settle: bool = False) -> tuple[bool, bool]:
+        If anything fails here, nothing of it stays registered; the caller
+        gives the grant back to the store.
+        """
+        self._grant = grant
+        self._pid = os.getpid()
+        self._lost_reason = None
+        self._valid_until = started + self.backend.held_for(grant.request.ttl)
+        try:
+            _registry.add(self)
+            _renewer.add(self, grant.request.ttl)
+            logger.debug("acquired %r", self)
+            signals.send(signals.lock_acquired, sender=type(self), lock=self)
+        except BaseException:
+            _renewer.remove(self)
+            _registry.remove(self)
+            self._grant = None
+            raise
+
+    def _forget_inherited(self) -> bool:
+        """In a forked child, drop the parent's grant without touching the store; return True if it did."""
+        if not self._inherited:
+            return False
+        logger.debug("not releasing %r in process %s: its parent holds it", self, os.getpid())
+        self._grant = None
+        return True
+
+    def _call_timeout(self) -> float:
+        """Seconds a store call that serves this lock's lease may take: a third of what is left of it."""
+        return max(0.0, self._valid_until - time.monotonic()) / 3
+
+    def _letting_go(self) -> tuple[bool, bool]:
         """Stop renewing before a release; return whether the lock was lost, and whether that was signalled.
 
-        With ``settle``, a renewal in flight ends first: landing after the
-        release, it would report a lock that was given back as lost.
+        A renewal in flight is not waited for: its outcome is ignored from now on.
         """
-        _renewer.remove(self, settle=settle)
+        _renewer.remove(self)
         _registry.remove(self)
         return self.lost, self._lost_reason is not None
 
@@ -295,10 +332,10 @@ class BaseLock:
         if self._lost_reason is None and was_lost:
             self._lost_reason = "its lease ran out before a renewal"
         logger.debug("released %r", self)
-        signals.lock_released.send(sender=type(self), lock=self)
+        signals.send(signals.lock_released, sender=type(self), lock=self)
         if self._lost_reason is not None:
             if not already_signalled:  # the renewer sent it when it noticed
-                signals.lock_lost.send(sender=type(self), lock=self, reason=self._lost_reason)
+                signals.send(signals.lock_lost, sender=type(self), lock=self, reason=self._lost_reason)
             raise LockLost(f"{self!r} was lost before release: {self._lost_reason}")
 
     # --- hand-off (see handoff.py): the twins' handoff() call these around one renewal
@@ -343,13 +380,14 @@ class BaseLock:
 
     def _renewed(self, started: float) -> None:
         if self._grant is not None:
-            self._valid_until = max(self._valid_until, started + self._grant.request.ttl)
+            lease = self.backend.held_for(self._grant.request.ttl)
+            self._valid_until = max(self._valid_until, started + lease)
 
     def _mark_lost(self, reason: str) -> None:
         if self._lost_reason is None:
             self._lost_reason = reason
             logger.warning("lost %r: %s", self, reason)
-            signals.lock_lost.send(sender=type(self), lock=self, reason=reason)
+            signals.send(signals.lock_lost, sender=type(self), lock=self, reason=reason)
 
     def _checkpoint_data(self, data: Mapping[str, Any]) -> dict[str, Any] | None:
         """Return ``data`` as the checkpoint to record, or raise InvalidLockArgument (nothing sent)."""
@@ -380,6 +418,7 @@ class Lock(BaseLock, contextlib.ContextDecorator):
         """Take the lock, waiting as ``timeout`` says; return self."""
         backend, request = self._start()
         steps = self._attempts(backend, request)
+        granted: Grant | None = None
         try:
             step = next(steps)
             while True:
@@ -388,6 +427,8 @@ class Lock(BaseLock, contextlib.ContextDecorator):
                         outcome: Any = backend.acquire(request)
                     except LockStoreBusy as e:
                         outcome = e
+                    if isinstance(outcome, Grant):
+                        granted = outcome
                 elif isinstance(step, _Sleep):
                     time.sleep(step.seconds)
                     outcome = None
@@ -400,12 +441,30 @@ class Lock(BaseLock, contextlib.ContextDecorator):
         except StopIteration as done:
             grant, started = done.value
         except BaseException:
+            if granted is not None:
+                self._give_back(backend, granted)
             if request.ticket is not None:
                 with contextlib.suppress(Exception):  # the markers expire by themselves anyway
                     backend.withdraw(request)
             raise
-        self._hold(grant, started)
+        self._hold_or_give_back(backend, grant, started)
         return self
+
+    def _hold_or_give_back(self, backend: BaseLockBackend, grant: Grant, started: float) -> None:
+        """:meth:`_hold` the grant; if that fails, give it back to the store before the error goes on."""
+        try:
+            self._hold(grant, started)
+        except BaseException:
+            self._give_back(backend, grant)
+            raise
+
+    @staticmethod
+    def _give_back(backend: BaseLockBackend, grant: Grant) -> None:
+        """Release a grant that never reached the caller, best-effort: its lease ends it otherwise."""
+        try:
+            backend.release(grant)
+        except Exception:  # the error that made us give it back is the one to see
+            logger.warning("could not give back a grant of %s", grant.taken[-1:] or "nothing", exc_info=True)
 
     # The waiting loop, once for both APIs: it yields what to do next (_TRY the
     # backend's acquire, _Sleep, _Wait for a release) and is sent the outcome of
@@ -414,9 +473,9 @@ class Lock(BaseLock, contextlib.ContextDecorator):
     def release(self) -> None:
         """Give the lock back; raise LockLost if it had been lost meanwhile."""
         grant = self._grant
-        if grant is None:
+        if grant is None or self._forget_inherited():
             return
-        was_lost, already_signalled = self._letting_go(settle=True)
+        was_lost, already_signalled = self._letting_go()
         try:
             still_held = self.backend.release(grant)
         finally:
@@ -429,7 +488,7 @@ class Lock(BaseLock, contextlib.ContextDecorator):
         self.check()
         assert self._grant is not None
         started = time.monotonic()
-        if not self.backend.renew(self._grant, checkpoint=checkpoint):
+        if not self.backend.renew(self._grant, checkpoint=checkpoint, timeout=self._call_timeout()):
             self._mark_lost("its holder record was gone at checkpoint")
             self.check()
         self._checkpoint = checkpoint
@@ -444,9 +503,10 @@ class Lock(BaseLock, contextlib.ContextDecorator):
         end of its ``with`` block) no longer gives the lock back. Raise
         LockLost if the lock was already lost.
         """
+        timeout = self._call_timeout()
         renewed = self._handoff_start(ttl)
         try:
-            ok = self.backend.renew(renewed)
+            ok = self.backend.renew(renewed, timeout=timeout)
         except BaseException:
             self._handoff_failed()
             raise
@@ -457,7 +517,8 @@ class Lock(BaseLock, contextlib.ContextDecorator):
         """Hold a grant made outside :meth:`acquire` (a reaper's takeover), renewing it."""
         lock = cls(grant.request.targets, ttl=grant.request.ttl, intent=grant.request.intent, backend=backend)
         lock._grant = grant
-        lock._valid_until = started + grant.request.ttl
+        lock._pid = os.getpid()
+        lock._valid_until = started + backend.held_for(grant.request.ttl)
         _registry.add(lock)
         _renewer.add(lock, grant.request.ttl)
         return lock
@@ -469,15 +530,13 @@ class Lock(BaseLock, contextlib.ContextDecorator):
         stays visible and is retried once the lease is gone).
         """
         grant = self._grant
-        if grant is None:
+        if grant is None or self._forget_inherited():
             return
         _renewer.remove(self)
         _registry.remove(self)
         self._grant = None
         if recovery is not None:
             self.backend.renew(grant, recovery=dict(recovery))
-
-    # --- renewal hooks (called by the renewer thread) -----------------------
 
     # --- context manager ------------------------------------------------------
 
@@ -527,7 +586,7 @@ class _HeldRegistry:
     """Which locks each thread (or asyncio task) of this process holds, to refuse waiting on oneself."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
         self._by_holder: dict[object, list[BaseLock]] = {}
         os.register_at_fork(after_in_child=self._by_holder.clear)
 
@@ -569,94 +628,206 @@ def _check_self_deadlock(lock: BaseLock) -> None:
             )
 
 
-class _Renewer:
-    """One daemon thread per process that extends the leases of held locks."""
+class _Workers:
+    """Daemon threads that make the renewer's calls: an idle one takes the next call, else a new one starts.
 
-    RETRY_DELAY = 0.5
+    A thread ends after :attr:`IDLE` seconds without work. Several threads:
+    a call that hangs ties up its own thread only. Reused threads, not one
+    per call: the database backend keeps a connection per thread.
+    """
+
+    IDLE = 60.0
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._due: dict[BaseLock, float] = {}
-        self._renewing: BaseLock | None = None
-        self._thread: threading.Thread | None = None
-        os.register_at_fork(after_in_child=self._after_fork)
+        self._tasks: collections.deque[Callable[[], None]] = collections.deque()
+        self._idle = 0
 
-    def _after_fork(self) -> None:
-        self._cond = threading.Condition()
-        self._due = {}
-        self._renewing = None
-        self._thread = None
+    def submit(self, task: Callable[[], None]) -> None:
+        with self._cond:
+            self._tasks.append(task)
+            if self._idle >= len(self._tasks):
+                self._cond.notify()
+                return
+        threading.Thread(target=self._work, name="django-esdlock-renewal", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._idle += 1
+                try:
+                    if not self._cond.wait_for(lambda: self._tasks, timeout=self.IDLE):
+                        return
+                    task = self._tasks.popleft()
+                finally:
+                    self._idle -= 1
+            try:
+                task()
+            except BaseException:  # a task's failure is its own, the thread serves the next
+                logger.exception("a lock renewal task failed")
+
+
+class _Renewer:
+    """Keeps the leases of this process's held locks: one scheduling thread, the store calls in :class:`_Workers`.
+
+    The locks due on one backend are renewed by one call (``renew_many``: one
+    ``_bulk``, one statement), given a third of what is left of the shortest
+    lease it serves; each call runs in a worker of its own, so one that hangs
+    holds back no other lock's renewal. The scheduler marks a lock lost the
+    moment its lease ends as its holder counts it (see
+    ``BaseLockBackend.held_for``), whatever its call is doing: before any
+    store node could judge the lease over and grant the lock again.
+    """
+
+    RETRY_DELAY = 0.5
+    """Longest pause before a failed renewal is tried again (``TTL/6`` if shorter)."""
 
     FIRST_RENEWAL = 1.0
     """Seconds to the first renewal at most: it also records the fencing token with the holder."""
 
+    BATCH_WINDOW = 0.1
+    """A renewal due this many seconds from now (a tenth of its period at most) goes with those due now."""
+
+    def __init__(self) -> None:
+        self._after_fork()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._cond = threading.Condition()
+        self._held: set[BaseLock] = set()
+        self._due: dict[BaseLock, float] = {}
+        """Held locks whose renewal is not running: when it is due."""
+        self._renewing: dict[BaseLock, float] = {}
+        """Locks whose renewal call runs: when that call gives up."""
+        self._failures: dict[BaseLock, str] = {}
+        """Why the last renewal of a lock failed, while it is retried."""
+        self._thread: threading.Thread | None = None
+        self._workers = _Workers()
+
     def add(self, lock: BaseLock, ttl: float) -> None:
         with self._cond:
+            self._held.add(lock)
             self._due[lock] = time.monotonic() + min(ttl / 3, self.FIRST_RENEWAL)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="django-esdlock-renewer", daemon=True)
                 self._thread.start()
             self._cond.notify()
 
-    SETTLE_TIMEOUT = 60.0
-    """Longest wait in ``remove(settle=True)`` for a renewal in flight (requests have their own timeouts)."""
-
     def remove(self, lock: BaseLock, *, settle: bool = False) -> None:
-        """Stop renewing ``lock``; with ``settle``, also wait until a renewal of it in flight has ended."""
+        """Stop renewing ``lock``; with ``settle``, also wait until a renewal of it in flight has ended.
+
+        The outcome of a renewal that ends after this is ignored. Waiting for
+        it matters only when a write of ours must land after it (a hand-off's
+        longer lease); it is not waited for past its own time limit.
+        """
         with self._cond:
+            self._held.discard(lock)
             self._due.pop(lock, None)
+            self._failures.pop(lock, None)
             if settle and threading.current_thread() is not self._thread:
-                self._cond.wait_for(lambda: self._renewing is not lock, timeout=self.SETTLE_TIMEOUT)
-                self._due.pop(lock, None)  # the renewal that ended may have rescheduled it
+                gives_up = self._renewing.get(lock, 0.0)
+                self._cond.wait_for(lambda: lock not in self._renewing, timeout=gives_up - time.monotonic())
+
+    def _window(self, lock: BaseLock) -> float:
+        return min(self.BATCH_WINDOW, lock._grant.request.ttl / 30) if lock._grant else 0.0
 
     def renewing(self, lock: BaseLock) -> bool:
         """Whether a renewal of ``lock`` is in flight now."""
         with self._cond:
-            return self._renewing is lock
+            return lock in self._renewing
 
     def _run(self) -> None:
         while True:
-            with self._cond:
-                self._renewing = None
-                self._cond.notify_all()
-                now = time.monotonic()
-                # One lock at a time, picked under the condition: a lock removed
-                # meanwhile is never renewed after remove() returned.
-                lock = next((lock for lock, at in self._due.items() if at <= now), None)
-                if lock is None:
-                    wait = min(self._due.values(), default=now + 60) - now
-                    self._cond.wait(timeout=max(wait, 0.001))
-                    continue
-                del self._due[lock]
-                self._renewing = lock
-            self._renew(lock)
+            try:
+                self._schedule()
+            except BaseException:  # every other lock of the process depends on this thread
+                logger.exception("the lock renewer failed; it goes on")
+                time.sleep(self.RETRY_DELAY)
 
-    def _renew(self, lock: BaseLock) -> None:
-        grant = lock.grant
-        if grant is None:
-            return
-        ttl = grant.request.ttl
-        started = time.monotonic()
-        try:
-            ok = lock.backend.renew(grant)
-        except Exception as e:  # noqa: BLE001 - any failure is retried until the lease is gone
-            if lock.lost:
-                lock._mark_lost(f"renewal failed until the lease ran out: {e}")
-                return
-            logger.info("renewing %r failed, retrying: %s", lock, e)
-            self._reschedule(lock, min(self.RETRY_DELAY, ttl / 6))
-            return
-        if not ok:
-            lock._mark_lost("its holder record was gone or expired at renewal")
-            return
-        lock._renewed(started)
-        self._reschedule(lock, ttl / 3)
-
-    def _reschedule(self, lock: Lock, delay: float) -> None:
+    def _schedule(self) -> None:
+        """Start the renewals that are due and mark lost the locks whose lease ended; else sleep until one is."""
         with self._cond:
-            if lock.grant is not None:
-                self._due[lock] = time.monotonic() + delay
+            now = time.monotonic()
+            ended = [lock for lock in self._held if lock._lost_reason is None and lock._valid_until <= now]
+            for lock in ended:
+                self._due.pop(lock, None)
+            due = [lock for lock, at in self._due.items() if at <= now + self._window(lock)]
+            if not due and not ended:
+                wake = min(
+                    (*self._due.values(), *(lock._valid_until for lock in self._held if lock._lost_reason is None)),
+                    default=now + 60,
+                )
+                self._cond.wait(timeout=max(wake - now, 0.001))
+                return
+            batches: dict[BaseLockBackend, list[BaseLock]] = {}
+            for lock in due:
+                del self._due[lock]
+                batches.setdefault(lock.backend, []).append(lock)
+            calls = []
+            for backend, locks in batches.items():
+                timeout = min(lock._call_timeout() for lock in locks)
+                for lock in locks:
+                    self._renewing[lock] = now + timeout
+                calls.append(functools.partial(self._renew, backend, locks, timeout))
+            failures = {lock: self._failures.pop(lock, None) for lock in ended}
+        for call in calls:
+            self._workers.submit(call)
+        for lock, failure in failures.items():
+            reason = "no renewal succeeded within its lease" + (f" (the last failed: {failure})" if failure else "")
+            _guarded(lock, lock._mark_lost, reason)
+
+    def _renew(self, backend: BaseLockBackend, locks: list[BaseLock], timeout: float) -> None:
+        """Renew ``locks`` in one call of at most ``timeout`` seconds; settle each lock's outcome."""
+        started = time.monotonic()
+        held = [(lock, lock.grant) for lock in locks if lock.grant is not None]  # not let go meanwhile
+        outcomes: list[bool | None] = [None] * len(held)
+        failure = "the store was busy"
+        try:
+            outcomes = list(backend.renew_many([grant for _, grant in held], timeout=timeout))
+            if len(outcomes) != len(held):
+                raise TypeError(f"{type(backend).__name__}.renew_many answered {len(outcomes)} of {len(held)} grants")
+        except Exception as e:  # noqa: BLE001 - any failure is retried until the lease is gone
+            outcomes, failure = [None] * len(held), f"{type(e).__name__}: {e}"
+        for (lock, _), outcome in zip(held, outcomes, strict=True):
+            _guarded(lock, self._settle, lock, outcome, started, failure)
+        settled = {lock for lock, _ in held}
+        for lock in locks:
+            if lock not in settled:  # let go meanwhile: no longer in flight
+                _guarded(lock, self._settle, lock, None, started, failure)
+
+    def _settle(self, lock: BaseLock, renewed: bool | None, started: float, failure: str) -> None:
+        """Record the outcome of one lock's renewal, unless it was let go or lost meanwhile."""
+        with self._cond:
+            self._renewing.pop(lock, None)
+            self._cond.notify_all()
+            if lock not in self._held or lock._lost_reason is not None:
+                return  # released, handed off or already told: the outcome is nobody's news
+            if lock._valid_until <= time.monotonic():
+                self._cond.notify()  # too late to count: the scheduler tells its holder
+                return
+            if renewed is None:
+                self._failures[lock] = failure
+                ttl = lock._grant.request.ttl if lock._grant else 0.0
+                self._due[lock] = time.monotonic() + min(self.RETRY_DELAY, ttl / 6)
                 self._cond.notify()
+            elif renewed:
+                self._failures.pop(lock, None)
+                lock._renewed(started)
+                ttl = lock._grant.request.ttl if lock._grant else 0.0
+                self._due[lock] = time.monotonic() + ttl / 3
+                self._cond.notify()
+        if renewed is None:
+            logger.info("renewing %r failed, retrying within its lease: %s", lock, failure)
+        elif not renewed:
+            lock._mark_lost("its holder record was gone or expired at renewal")
+
+
+def _guarded(lock: BaseLock, call: Callable[..., None], *args: Any) -> None:
+    """Run ``call`` for ``lock``; whatever it raises (a receiver's SystemExit too) is logged, and ends nothing else."""
+    try:
+        call(*args)
+    except BaseException:  # the renewer's threads serve every lock of the process
+        logger.exception("the lock renewer could not settle %r", lock)
 
 
 _renewer = _Renewer()

@@ -124,7 +124,7 @@ class Reaper:
         if not self.dry_run:
             for record in report.evicted:
                 logger.info("reaped expired holder %s of %s (%s)", record.holder_id, record.node, record.mode)
-                signals.lock_reaped.send(sender=type(self), holder=record)
+                signals.send(signals.lock_reaped, sender=type(self), holder=record)
 
     def _all_holders(self) -> Iterator[HolderRecord]:
         cursor = None
@@ -146,7 +146,7 @@ class Reaper:
                 self.backend.force_release(holder_id, [r.node for r in records])
                 for record in records:
                     logger.info("freed holder %s of %s: its process is gone", holder_id, record.node)
-                    signals.lock_reaped.send(sender=type(self), holder=record)
+                    signals.send(signals.lock_reaped, sender=type(self), holder=record)
             report.dead_local.extend(records)
         self.progress("dead_local", len(report.dead_local))
 
@@ -157,7 +157,7 @@ class Reaper:
         if handler is None:
             report.unrecoverable.append(main)
             logger.error("holder %s of %s has intent %r but no recovery handler", main.holder_id, main.node, intent)
-            signals.lock_unrecoverable.send(sender=type(self), holder=main)
+            signals.send(signals.lock_unrecoverable, sender=type(self), holder=main)
             return
         if self.dry_run:
             report.to_recover.append(main)
@@ -184,9 +184,9 @@ class Reaper:
             logger.exception("recovery of %s (%s) failed", main.node, intent.get("op"))
             lock.abandon(recovery={"state": "failed", "attempts": attempts, "error": error})
             report.failed.append({**entry, "error": error})
-            signals.lock_recovery_failed.send(sender=type(self), holder=main, error=error)
+            signals.send(signals.lock_recovery_failed, sender=type(self), holder=main, error=error)
             return
         lock.release()
         report.recovered.append(entry)
         logger.info("recovered %s (%s) under token %s", main.node, intent.get("op"), grant.token)
-        signals.lock_recovered.send(sender=type(self), holder=main, lock=lock)
+        signals.send(signals.lock_recovered, sender=type(self), holder=main, lock=lock)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import base64
 import logging
 import re
-import threading
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
+
+from .forks import ForkSafeLock
 
 MASK = "***"
 
@@ -34,7 +35,7 @@ _SECRET_KEY_NAME = re.compile(r"^(?:" + _SECRET_KEYS + r")$", re.IGNORECASE)
 
 _known: tuple[str, ...] = ()
 """Configured secret values, longest first (see :func:`add_secrets`)."""
-_known_lock = threading.Lock()
+_known_lock = ForkSafeLock()
 
 
 def add_secrets(*values: Any) -> None:

@@ -1,6 +1,15 @@
 """Signals sent over a lock's life; each passes ``lock`` (or ``holder``) as keyword."""
 
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
 from django.dispatch import Signal
+
+logger = logging.getLogger("django_esdlock")
 
 lock_acquired = Signal()
 """Sent after a grant, with ``lock``."""
@@ -25,3 +34,36 @@ lock_unrecoverable = Signal()
 
 lock_force_released = Signal()
 """Sent when an admin force-releases a holder, with ``holder``, ``records`` and ``user``."""
+
+_NAMES = {signal: name for name, signal in list(globals().items()) if isinstance(signal, Signal)}
+
+
+def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
+    """Send ``signal`` robustly: a receiver that raises is logged with its traceback and changes nothing else.
+
+    Whatever a receiver does (a metrics client whose server is down), a grant
+    stays a grant and the renewer goes on.
+    """
+    name = _NAMES.get(signal, "a signal")
+    try:
+        responses = signal.send_robust(sender=sender, **kwargs)
+    except Exception:  # e.g. an async receiver sent to from a running event loop
+        logger.exception("sending %s failed; the lock is not affected", name)
+        return
+    for receiver, response in responses:
+        if isinstance(response, Exception):
+            logger.error(
+                "receiver %s of %s raised; the lock is not affected",
+                getattr(receiver, "__qualname__", receiver),
+                name,
+                exc_info=(type(response), response, response.__traceback__),
+            )
+
+
+def _after_fork() -> None:
+    # Django's Signal takes its own lock on every send: the renewer may hold one at the fork.
+    for signal in _NAMES:
+        signal.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)

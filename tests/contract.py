@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from django_esdlock import LockDeadlock, LockLost, LockTimeout, LockUnavailable
+from django_esdlock import LockDeadlock, LockLost, LockTimeout, LockUnavailable, locks
 from django_esdlock.modes import Mode, compatible
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 
@@ -45,6 +45,27 @@ def raw_grant(backend, path: str, mode: Mode, *, ttl: float, namespace: str = "d
     grant = backend.acquire(request)
     assert grant is not None
     return grant
+
+
+def refused_to_another_owner(path: str, backend) -> str:
+    """What another owner of this process (a thread) gets asking for ``path`` now: "refused" if it is held."""
+    outcome: list[str] = []
+
+    def contender() -> None:
+        try:
+            lock = locks.lock_tree(path, timeout=0, backend=backend).acquire()
+        except LockUnavailable:
+            outcome.append("refused")
+        except Exception as e:  # noqa: BLE001 - shown by the test's assertion
+            outcome.append(repr(e))
+        else:
+            outcome.append("granted")
+            lock.release()
+
+    thread = threading.Thread(target=contender)
+    thread.start()
+    thread.join(30)
+    return outcome[0] if outcome else "no answer"
 
 
 class LockBackendContract:

@@ -153,6 +153,23 @@ def test_force_release_confirms_then_releases_logs_and_signals(releaser, lock_co
         pass
 
 
+def test_a_raising_force_release_receiver_changes_nothing(releaser, lock_config, peer, backend, caplog):
+    holder = peer.acquire("file", scheme="tree", path="/clinton/README.txt", namespace="fs")["holder_id"]
+
+    def receiver(**kwargs):
+        raise RuntimeError("the audit service is down")
+
+    lock_force_released.connect(receiver)
+    try:
+        response = releaser.post(RELEASE, {"holder": holder, "confirm": "yes"}, follow=True)
+    finally:
+        lock_force_released.disconnect(receiver)
+    assert "Released 1 holder." in [str(m) for m in response.context["messages"]]
+    assert all_holders(backend) == []
+    (logged,) = [r for r in caplog.records if r.name == "django_esdlock" and "lock_force_released" in r.getMessage()]
+    assert logged.exc_info[1].args == ("the audit service is down",)
+
+
 def test_reap_now(releaser, lock_config, backend):
     raw_grant(backend, "/stale", Mode.X, ttl=0.2)
     time.sleep(0.3)

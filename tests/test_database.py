@@ -708,6 +708,41 @@ def test_forked_child_opens_its_own_connection(pg_config, backend_of):
     assert backend.release(grant) is True
 
 
+def test_the_lock_session_fails_calls_to_a_dead_peer_in_time(pg_config, backend_of):
+    backend = backend_of({**pg_config, "TTL": 30})
+    grant = backend.acquire(_request("/bounded"))
+    parameters = backend.connection.connection.info.get_parameters()
+    assert {name: parameters.get(name) for name in ("tcp_user_timeout", "keepalives", "keepalives_idle")} == {
+        "tcp_user_timeout": "10000",
+        "keepalives": "1",
+        "keepalives_idle": "10",
+    }
+
+    def statement_timeout() -> str:
+        with backend.connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            return cursor.fetchone()[0]
+
+    configured = statement_timeout()
+    assert backend.renew_many([grant], timeout=2.5) == [True]
+    assert statement_timeout() == "2500ms"  # the renewal's bound, a third of what was left of its lease
+    assert backend.renew(grant, timeout=3.0) is True
+    assert statement_timeout() == "2500ms"  # close enough to the last: not set again
+    assert backend.release(grant) is True
+    assert statement_timeout() == configured  # an unbounded call gets the session's own setting back
+
+
+def test_a_renewal_bounded_below_what_the_database_takes_fails(pg_config, backend_of):
+    backend = backend_of(pg_config)
+    grant = backend.acquire(_request("/slow"))
+    with psycopg.connect(url_of(pg_config), autocommit=True) as blocker, blocker.transaction():
+        blocker.execute("SELECT 1 FROM esdlock_grant WHERE holder_id = %s FOR UPDATE", [grant.request.holder_id])
+        with pytest.raises(LockBackendUnavailable, match="statement timeout"):
+            backend.renew_many([grant], timeout=0.2)  # the grant row is locked: the call would wait 10 s
+    assert backend.renew_many([grant], timeout=0.2) == [True]
+    assert backend.release(grant) is True
+
+
 def _queued(*paths: str, mode: Mode = Mode.X) -> LockRequest:
     return dataclasses.replace(_request(*paths, mode=mode), ticket=time.time_ns())
 

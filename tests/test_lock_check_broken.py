@@ -34,8 +34,11 @@ class NoConflictBackend(DatabaseLockBackend):
 class SilentRenewalBackend(DatabaseLockBackend):
     """Its renewals renew nothing and report success: a lease runs out and the holder is never told."""
 
-    def renew(self, grant, *, checkpoint=None, recovery=None):
+    def renew(self, grant, *, checkpoint=None, recovery=None, timeout=None):
         return True
+
+    def renew_many(self, grants, *, timeout=None):
+        return [True] * len(grants)
 
 
 class BackwardTokenBackend(DatabaseLockBackend):

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, TypeVar
 
 from django.core import checks
 
+from ..exceptions import LockStoreBusy
 from ..limits import Limits
 from ..modes import Mode
 from ..records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner, WaitState, main_record
@@ -56,6 +57,25 @@ class BaseLockBackend(abc.ABC):
 
     limits: Limits = Limits()
     """What one request may carry (intent, checkpoint, ids): set from ``LOCK_BACKEND["MAX_..."]``."""
+    lease_margin: float = 0.1
+    """Seconds by which a holder's view of its lease ends before the earliest moment the store could judge it over.
+
+    The holder counts a lease from the moment it sent the request that set
+    it, which is never later than the store's own stamp; the margin covers
+    what still could make the store's clock run ahead of that count: its
+    granularity, and the holder's own delay in noticing. Backends whose
+    clock may stamp a lease in the past (Elasticsearch's cached ``ctx._now``)
+    need more. See :meth:`held_for`.
+    """
+
+    def held_for(self, ttl: float) -> float:
+        """Return how long after sending a grant's or renewal's request its holder may count on a ``ttl`` lease.
+
+        ``ttl`` less :attr:`lease_margin`, but never less than three quarters
+        of it: a TTL under four margins gets a smaller margin than the store
+        needs (documented; give such stores longer TTLs).
+        """
+        return ttl - min(self.lease_margin, ttl / 4)
 
     @property
     def marker_ttl_ms(self) -> int:
@@ -93,13 +113,38 @@ class BaseLockBackend(abc.ABC):
         *,
         checkpoint: dict[str, Any] | None = None,
         recovery: dict[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> bool:
         """Extend the lease of this grant's holders by the request's TTL.
 
         Record ``checkpoint`` and ``recovery`` with the holders when given.
         Return False if any holder is gone, already expired, or now belongs to
-        another owner (a reaper took it over): the lock is lost.
+        another owner (a reaper took it over): the lock is lost. With
+        ``timeout``, give up (LockBackendUnavailable) after about that many
+        seconds: the caller's lease is running out.
         """
+
+    def renew_many(self, grants: Sequence[Grant], *, timeout: float | None = None) -> list[bool | None]:
+        """Extend the leases of ``grants`` together, in as few store calls as the store allows.
+
+        Return, per grant, True (renewed), False (lost, as :meth:`renew`
+        says) or None (not done this time: the store was busy for it, try
+        again). Raise LockBackendUnavailable if the store failed as a whole.
+        ``timeout`` bounds the whole as it does :meth:`renew`. The default
+        renews one grant after another.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        outcomes: list[bool | None] = []
+        for grant in grants:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                outcomes.append(None)
+                continue
+            try:
+                outcomes.append(self.renew(grant, timeout=left))
+            except LockStoreBusy:
+                outcomes.append(None)
+        return outcomes
 
     # --- inspection and maintenance -------------------------------------
 
@@ -223,9 +268,11 @@ class BaseLockBackend(abc.ABC):
         *,
         checkpoint: dict[str, Any] | None = None,
         recovery: dict[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> bool:
         """Async :meth:`renew`."""
-        return await asyncio.to_thread(functools.partial(self.renew, grant, checkpoint=checkpoint, recovery=recovery))
+        call = functools.partial(self.renew, grant, checkpoint=checkpoint, recovery=recovery, timeout=timeout)
+        return await asyncio.to_thread(call)
 
     async def atake_over(
         self,

@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import re
-import threading
 import time
 import urllib.parse
 import weakref
@@ -26,6 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .. import modes, paths
 from ..exceptions import InvalidLockBackend, LockBackendUnavailable, LockStoreBusy
+from ..forks import ForkSafeLock
 from ..records import (
     Grant,
     HolderPage,
@@ -638,6 +638,24 @@ def plain_http_credentials(hosts: Sequence[Any], client_options: Mapping[str, An
     return plain
 
 
+def _bounded(api: _Api, action: str, deadline: float | None) -> _Api:
+    """Return ``api`` with the client's ``request_timeout`` set to what is left before ``deadline``."""
+    if deadline is None:
+        return api
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise LockBackendUnavailable(f"Elasticsearch had no time left to {action}: the lease it serves runs out")
+    return dataclasses.replace(api, options={**(api.options or {}), "request_timeout": left})
+
+
+def _renewed_or_busy(outcomes: Sequence[tuple[bool | None, str]]) -> bool:
+    """The outcome of renewing one grant: raise LockStoreBusy if the store turned it away for now."""
+    ((renewed, busy),) = outcomes
+    if renewed is None:
+        raise LockStoreBusy(f"Elasticsearch was too busy to renew: {busy}")
+    return renewed
+
+
 def _perform(client: Any, api: _Api) -> Any:
     if api.options:
         client = client.options(**api.options)
@@ -669,6 +687,12 @@ class ElasticsearchLockBackend(BaseLockBackend):
     is True (a network you trust). They never appear in ``describe()``, a
     message or a log (see :mod:`django_esdlock.redaction`).
     """
+
+    lease_margin: float = 0.5
+    """A lease is stamped with ``ctx._now``, a clock each node caches and advances every
+    ``thread_pool.estimated_time_interval`` (200 ms by default): measured on 7.0, ``ctx._now`` was up to
+    196 ms older than the moment the request was sent. 0.5 s covers that interval, the delays of the
+    node's timer thread and the holder's own. Raise it with the interval."""
 
     busy_retry: float = 10.0
     """Seconds a release, a listing or maintenance keeps retrying a busy store, with backoff, before LockStoreBusy.
@@ -755,7 +779,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         )
         self._sole: dict[str, dict[str, tuple[int, int]]] = {}
         """holder id -> node id -> (seq_no, primary_term) of our last write, where it left that holder alone."""
-        self._sole_lock = threading.Lock()
+        self._sole_lock = ForkSafeLock()
         self._existing: dict[str, None] = {}
         """Ids of nodes lately found existing, oldest first (a hint: a wrong one costs a round trip)."""
         self._blocked: dict[str, tuple[frozenset[str], int]] = {}
@@ -889,28 +913,38 @@ class ElasticsearchLockBackend(BaseLockBackend):
             raise error(f"Elasticsearch failed to {action} ({self.describe()}): {redact(e)}") from e
 
     def _call_steps(
-        self, action: str, api: _Api, *, retry_for: float | None = None, resent: list[bool] | None = None
+        self,
+        action: str,
+        api: _Api,
+        *,
+        retry_for: float | None = None,
+        resent: list[bool] | None = None,
+        deadline: float | None = None,
     ) -> Steps[Any]:
         """Make the call ``api``; while the store is busy, retry with backoff for ``retry_for`` seconds.
 
         The default is :attr:`busy_retry`; 0 tries once. A connection failure
         or timeout is sent again at once, to the next host, :attr:`resends`
         times (appending to ``resent`` each time). Other failures are not
-        retried.
+        retried. With ``deadline`` (``time.monotonic()``), every send is given
+        the client's ``request_timeout`` of what is left before it, and none
+        is made after it.
         """
-        deadline = time.monotonic() + (self.busy_retry if retry_for is None else retry_for)
+        busy_until = time.monotonic() + (self.busy_retry if retry_for is None else retry_for)
         resends = 0
         for attempt in itertools.count():
             try:
                 with self._translate(action):
-                    return (yield api)
+                    return (yield _bounded(api, action, deadline))
             except LockStoreBusy:
                 delay = backoff_delay(attempt, cap=BUSY_BACKOFF_CAP)
-                if time.monotonic() + delay > deadline:
+                if time.monotonic() + delay > min(busy_until, math.inf if deadline is None else deadline):
                     raise
                 yield _Pause(delay)
             except LockBackendUnavailable as e:
                 if not isinstance(e.__cause__, _LOST_ANSWER) or resends >= self.resends:
+                    raise
+                if deadline is not None and time.monotonic() >= deadline:
                     raise
                 resends += 1
                 if resent is not None:
@@ -988,36 +1022,42 @@ class ElasticsearchLockBackend(BaseLockBackend):
         *,
         retry_for: float | None = None,
         resent: list[bool] | None = None,
+        deadline: float | None = None,
     ) -> Steps[list[dict[str, Any]]]:
         """Send ``operations`` in one ``_bulk``; return its items in order.
 
         While the store is busy, as a whole or for some items, send again what
         it turned away, with backoff, for ``retry_for`` seconds (see
         :meth:`_call`); items still busy then come back as they were answered.
+        ``deadline`` bounds every send (see :meth:`_call_steps`).
         """
         if not operations:
             return []  # a bulk without a body is a 400
         lines = _item_lines(operations)
         items: list[dict[str, Any]] = [{}] * len(lines)
         pending = list(range(len(lines)))
-        deadline = time.monotonic() + (self.busy_retry if retry_for is None else retry_for)
+        busy_until = time.monotonic() + (self.busy_retry if retry_for is None else retry_for)
         if self._active_shards is None:
             self._active_shards = yield from self._active_shards_steps()
-        durability = {"wait_for_active_shards": self._active_shards, "timeout": f"{round(self.write_timeout * 1000)}ms"}
         for attempt in itertools.count():
+            write_timeout = self.write_timeout
+            if deadline is not None:  # the shard copies' wait must end before the request's
+                write_timeout = max(0.001, min(write_timeout, deadline - time.monotonic()))
+            durability = {"wait_for_active_shards": self._active_shards, "timeout": f"{round(write_timeout * 1000)}ms"}
             batch = [line for i in pending for line in lines[i]]
             answer = yield from self._call_steps(
                 action,
                 _Api("bulk", {"operations": batch, **durability}),
-                retry_for=max(0.0, deadline - time.monotonic()),
+                retry_for=max(0.0, busy_until - time.monotonic()),
                 resent=resent,
+                deadline=deadline,
             )
             answered = answer["items"]
             for i, item in zip(pending, answered, strict=True):
                 items[i] = _under_replicated(item, self._required_copies)
             pending = [i for i in pending if _busy(items[i])]
             delay = backoff_delay(attempt, cap=BUSY_BACKOFF_CAP)
-            if not pending or time.monotonic() + delay > deadline:
+            if not pending or time.monotonic() + delay > min(busy_until, math.inf if deadline is None else deadline):
                 return items
             yield _Pause(delay)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -1363,8 +1403,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
         *,
         checkpoint: dict[str, Any] | None = None,
         recovery: dict[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> bool:
-        return self._run(self._renew_steps(grant, checkpoint, recovery))
+        return _renewed_or_busy(self._run(self._renew_steps([grant], checkpoint, recovery, timeout)))
 
     async def arenew(
         self,
@@ -1372,32 +1413,54 @@ class ElasticsearchLockBackend(BaseLockBackend):
         *,
         checkpoint: dict[str, Any] | None = None,
         recovery: dict[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> bool:
-        return await self._arun(self._renew_steps(grant, checkpoint, recovery))
+        return _renewed_or_busy(await self._arun(self._renew_steps([grant], checkpoint, recovery, timeout)))
 
-    def _renew_steps(
+    def renew_many(self, grants: Sequence[Grant], *, timeout: float | None = None) -> list[bool | None]:
+        return [renewed for renewed, _ in self._run(self._renew_steps(grants, None, None, timeout))]
+
+    def _renew_items(
         self, grant: Grant, checkpoint: dict[str, Any] | None, recovery: dict[str, Any] | None
-    ) -> Steps[bool]:
+    ) -> list[dict[str, Any]]:
+        """Return the ``_bulk`` lines of RENEW for ``grant``: the checkpoint to its main node(s) alone."""
         params = renew_params(grant, checkpoint, recovery)
-        # The checkpoint goes to the main node(s) alone: the shared ancestors stay small.
-        others = {**params, "checkpoint": None}
+        others = {**params, "checkpoint": None}  # the shared ancestors stay small
         asked = dict(grant.request.targets)
         fields = ["holders.id", "waiters.id", "waiters.released"]
-        operations = [
+        return [
             op
             for node in grant.taken
             for op in self._scripted(
                 node, scripts.RENEW, params if modes.is_grant(asked[node]) else others, fields=fields
             )
         ]
+
+    def _renew_steps(
+        self,
+        grants: Sequence[Grant],
+        checkpoint: dict[str, Any] | None,
+        recovery: dict[str, Any] | None,
+        timeout: float | None,
+    ) -> Steps[list[tuple[bool | None, str]]]:
+        """Renew ``grants`` in one ``_bulk``; return per grant True, False (lost) or None (busy), and why busy."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        operations = [op for grant in grants for op in self._renew_items(grant, checkpoint, recovery)]
         if not operations:
-            return True
-        items = yield from self._bulk_steps(operations, "renew", retry_for=0)  # the renewer retries within the lease
-        self._renewed_sole(grant.request.holder_id, grant.taken, items)
-        transient = [i["update"] for i in items if i["update"].get("status") in BUSY_STATUSES | {409}]
-        if transient:
-            raise LockStoreBusy(f"Elasticsearch was too busy to renew: {transient[0].get('error')}")
-        return all(item["update"].get("result") == "updated" for item in items)
+            return [(True, "")] * len(grants)
+        # Retried by the renewer within the lease, not here.
+        items = yield from self._bulk_steps(operations, "renew", retry_for=0, deadline=deadline)
+        outcomes: list[tuple[bool | None, str]] = []
+        start = 0
+        for grant in grants:
+            mine, start = items[start : start + len(grant.taken)], start + len(grant.taken)
+            self._renewed_sole(grant.request.holder_id, grant.taken, mine)
+            transient = [i["update"] for i in mine if i["update"].get("status") in BUSY_STATUSES | {409}]
+            if transient:
+                outcomes.append((None, str(transient[0].get("error"))))
+            else:
+                outcomes.append((all(item["update"].get("result") == "updated" for item in mine), ""))
+        return outcomes
 
     # --- inspection and maintenance -------------------------------------------
 

@@ -13,9 +13,12 @@ BUFFER = 65536
 class Proxy:
     """Forward ``127.0.0.1:port`` to ``(host, port)``; :meth:`cut` drops every connection and refuses new ones.
 
-    A cut is a fast failure, not a black hole: open connections are reset and
-    new ones are accepted and closed at once, so clients see errors instead of
-    waiting out their socket timeouts.
+    A cut is a fast failure: open connections are reset and new ones are
+    accepted and closed at once, so clients see errors instead of waiting out
+    their socket timeouts. :meth:`black_hole` is the slow one: nothing is
+    forwarded any more, either way, and every socket stays open (new
+    connections are accepted and left waiting), as when a peer hangs or a
+    network drops packets; :meth:`resume` forwards what was held and goes on.
     """
 
     def __init__(self, target_host: str, target_port: int) -> None:
@@ -26,8 +29,12 @@ class Proxy:
         self._sockets: set[socket.socket] = set()
         self._cut = False
         self._closed = False
+        self._flowing = threading.Event()
+        self._flowing.set()
         self.connections = 0
         self.refused = 0
+        self.held = 0
+        """Connections and chunks of bytes that arrived while black-holed (a call caught there)."""
         self._thread = threading.Thread(target=self._accept, name="lock-check-proxy", daemon=True)
         self._thread.start()
 
@@ -37,6 +44,10 @@ class Proxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return  # closed
+            if not self._flowing.is_set():  # black-holed: the client is connected, nobody answers
+                with self._lock:
+                    self.held += 1
+                self._flowing.wait()
             with self._lock:
                 refuse = self._cut or self._closed
             if refuse:
@@ -58,6 +69,10 @@ class Proxy:
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(BUFFER):
+                if not self._flowing.is_set():
+                    with self._lock:
+                        self.held += 1
+                    self._flowing.wait()
                 sink.sendall(data)
         except OSError:
             pass
@@ -81,10 +96,19 @@ class Proxy:
         with self._lock:
             self._cut = False
 
+    def black_hole(self) -> None:
+        """Stop forwarding, both ways, on open and new connections alike; keep every socket open."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        """Forward again, what was held first."""
+        self._flowing.set()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
         self.cut()
+        self._flowing.set()
         self._listener.close()
 
 

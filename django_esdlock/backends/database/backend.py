@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import threading
 import urllib.parse
@@ -32,6 +33,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import ConnectionDoesNotExist, ConnectionHandler, load_backend
 
 from ...exceptions import LockBackendUnavailable
+from ...forks import ForkSafeLock
 from ...modes import Mode
 from ...records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner, WaitState
 from ...redaction import add_secrets, redact, url_secrets
@@ -179,7 +181,7 @@ class DatabaseLockBackend(BaseLockBackend):
         if self.supports_notify:  # a release wakes waiters; polling only catches leases that ran out
             self.queued_poll_cap = NOTIFY_QUEUED_POLL_CAP
         self._local = threading.local()
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
         # Weak: a thread's connection goes with the thread (see _ThreadConnection).
         self._wrappers: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()
         self._pid = os.getpid()
@@ -210,7 +212,7 @@ class DatabaseLockBackend(BaseLockBackend):
     def _new_wrapper(self) -> BaseDatabaseWrapper:
         base = self._base_settings()
         options = {k: v for k, v in base["OPTIONS"].items() if k != "pool"}  # one long-lived connection per thread
-        options = self.dialect.connection_options(options)
+        options = self.dialect.connection_options(options, self.ttl)
         settings_dict = {**base, "OPTIONS": options, "AUTOCOMMIT": True, "ATOMIC_REQUESTS": False}
         wrapper = load_backend(settings_dict["ENGINE"]).DatabaseWrapper(settings_dict, self.using or URL_ALIAS)
         wrapper.inc_thread_sharing()  # close() may come from another thread
@@ -261,6 +263,7 @@ class DatabaseLockBackend(BaseLockBackend):
         with wrapper.cursor() as cursor:
             self.dialect.prepare(wrapper, cursor)
         wrapper._esdlock_prepared = wrapper.connection  # type: ignore[attr-defined]
+        wrapper._esdlock_call_timeout = None  # type: ignore[attr-defined]  # see _bound
 
     def _discard(self, wrapper: BaseDatabaseWrapper) -> None:
         """Close a connection left in an unknown state; the next use opens a new one."""
@@ -286,20 +289,30 @@ class DatabaseLockBackend(BaseLockBackend):
         except (DjangoDatabaseError, *_driver_errors(self.vendor)) as e:
             raise LockBackendUnavailable(f"{self.describe()} failed to {action}: {e}") from e
 
-    def _run(self, action: str, work: Callable[[Any], tuple[T, bool]], *, transaction: bool = True) -> T:
+    def _run(
+        self,
+        action: str,
+        work: Callable[[Any], tuple[T, bool]],
+        *,
+        transaction: bool = True,
+        timeout: float | None = None,
+    ) -> T:
         """Run ``work(cursor)`` on this thread's lock connection; commit if it returns ``(value, True)``.
 
         With ``transaction`` the work runs between BEGIN and COMMIT/ROLLBACK;
         any failure rolls back (the server does, if the connection died).
-        Without, each statement is its own transaction (autocommit). If the
-        lock tables do not exist yet they are created and the work is run
-        once more.
+        Without, each statement is its own transaction (autocommit). With
+        ``timeout``, each statement may take that many seconds (see
+        :meth:`_bound`). If the lock tables do not exist yet they are created
+        and the work is run once more.
         """
+        if timeout is not None and timeout <= 0:
+            raise LockBackendUnavailable(f"{self.describe()} had no time left to {action}: its lease runs out")
         wrapper = self.connection
         for first_try in (True, False):
             try:
                 with self._translate(action), _in_use(wrapper):
-                    return self._run_once(wrapper, work, transaction)
+                    return self._run_once(wrapper, work, transaction, timeout)
             except LockBackendUnavailable as e:
                 if first_try and not self._schema_ready and self._is_missing_schema(e):
                     logger.info("creating the lock tables in %s", self.describe())
@@ -322,10 +335,17 @@ class DatabaseLockBackend(BaseLockBackend):
             return wrapper.cursor()
         return contextlib.closing(wrapper.create_cursor())
 
-    def _run_once(self, wrapper: BaseDatabaseWrapper, work: Callable[[Any], tuple[T, bool]], transaction: bool) -> T:
+    def _run_once(
+        self,
+        wrapper: BaseDatabaseWrapper,
+        work: Callable[[Any], tuple[T, bool]],
+        transaction: bool,
+        timeout: float | None,
+    ) -> T:
         try:
             self._prepare(wrapper)
             with self._cursor(wrapper) as cursor:
+                self._bound(wrapper, cursor, timeout)
                 if not transaction:
                     return work(cursor)[0]
                 cursor.execute(self.dialect.BEGIN, [])
@@ -342,6 +362,21 @@ class DatabaseLockBackend(BaseLockBackend):
             # was interrupted mid-transaction: never reuse this connection.
             self._discard(wrapper)
             raise
+
+    def _bound(self, wrapper: BaseDatabaseWrapper, cursor: Any, timeout: float | None) -> None:
+        """Bound the statements of this call to ``timeout`` seconds, or lift a bound an earlier call left.
+
+        The bound is a session setting (``statement_timeout``, SQLite's busy
+        timeout), kept between calls: a renewer's session, whose every call is
+        bounded by about the same lease, sets it once, not before each call.
+        It is set again when the bound asked is below it or more than twice it.
+        """
+        wanted = None if timeout is None else max(1, math.floor(timeout * 1000))
+        current = getattr(wrapper, "_esdlock_call_timeout", None)
+        if wanted == current or (wanted is not None and current is not None and current <= wanted <= 2 * current):
+            return
+        self.dialect.call_timeout(wrapper, cursor, wanted)
+        wrapper._esdlock_call_timeout = wanted  # type: ignore[attr-defined]
 
     # --- schema ---------------------------------------------------------------
 
@@ -456,13 +491,22 @@ class DatabaseLockBackend(BaseLockBackend):
         *,
         checkpoint: dict[str, Any] | None = None,
         recovery: dict[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> bool:
         if not grant.taken:
             return True
         work = functools.partial(
             self.dialect.renew, grant=grant, checkpoint=json_text(checkpoint), recovery=json_text(recovery)
         )
-        return self._run("renew", work, transaction=not self.dialect.atomic_calls)
+        return self._run("renew", work, transaction=not self.dialect.atomic_calls, timeout=timeout)
+
+    def renew_many(self, grants: Sequence[Grant], *, timeout: float | None = None) -> list[bool | None]:
+        held = [grant for grant in grants if grant.taken]
+        if not held:
+            return [True] * len(grants)
+        work = functools.partial(self.dialect.renew_many, grants=held)
+        renewed = iter(self._run("renew", work, transaction=not self.dialect.atomic_calls, timeout=timeout))
+        return [next(renewed) if grant.taken else True for grant in grants]
 
     def take_over(
         self,
@@ -586,15 +630,24 @@ class DatabaseLockBackend(BaseLockBackend):
         return bool(row[0])
 
     async def arenew(
-        self, grant: Grant, *, checkpoint: dict[str, Any] | None = None, recovery: dict[str, Any] | None = None
+        self,
+        grant: Grant,
+        *,
+        checkpoint: dict[str, Any] | None = None,
+        recovery: dict[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> bool:
         if not self.async_native:
-            return await super().arenew(grant, checkpoint=checkpoint, recovery=recovery)
+            return await super().arenew(grant, checkpoint=checkpoint, recovery=recovery, timeout=timeout)
         if not grant.taken:
             return True
         dialect: PostgresDialect = self.dialect  # type: ignore[assignment]
         call = dialect.renew_call(grant, json_text(checkpoint), json_text(recovery))
-        return await self._acall("renew", self._sessions().rowcount, call) == 1
+        try:
+            # A session whose call is cancelled is closed, not reused (see aio.LoopSessions.session).
+            return await asyncio.wait_for(self._acall("renew", self._sessions().rowcount, call), timeout) == 1
+        except asyncio.TimeoutError as e:
+            raise LockBackendUnavailable(f"{self.describe()} failed to renew within {timeout:.3f}s") from e
 
     async def awithdraw(self, request: LockRequest) -> None:
         if not self.async_native:

@@ -75,9 +75,12 @@ class Dialect:
     NODE_FILTERS: ClassVar[dict[str, str]]
     HOLDER_FILTERS: ClassVar[dict[str, str]]
 
-    def connection_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        """Return the OPTIONS of a lock connection, given those of the configured database."""
+    def connection_options(self, options: dict[str, Any], ttl: float) -> dict[str, Any]:
+        """Return the OPTIONS of a lock connection, given those of the configured database and the TTL."""
         return options
+
+    def call_timeout(self, wrapper: Any, cursor: Any, ms: int | None) -> None:
+        """Bound the calls on this connection to ``ms`` milliseconds from now on (None: lift the bound)."""
 
     def prepare(self, wrapper: Any, cursor: Any) -> None:
         """Set up a new connection for lock work."""
@@ -102,6 +105,10 @@ class Dialect:
 
     def renew(self, cursor: Any, grant: Grant, checkpoint: str | None, recovery: str | None) -> Work:
         raise NotImplementedError
+
+    def renew_many(self, cursor: Any, grants: Sequence[Grant]) -> Work:
+        """Return ``([renewed, per grant], commit)``: one after another, in the one transaction of the call."""
+        return [self.renew(cursor, grant, None, None)[0] for grant in grants], True
 
     def take_over(self, cursor: Any, ids: list[str], params: dict[str, Any]) -> Work:
         """Return ``((token, taken node ids) or None, commit)``."""

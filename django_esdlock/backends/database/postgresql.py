@@ -27,6 +27,7 @@ Rules every statement here keeps besides those of the functions:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,6 +69,28 @@ _EVICTABLE = (
 _AWAITING = (
     "h.intent IS NOT NULL AND h.expires_at <= statement_timestamp() - %(grace_ms)s::float8 * interval '1 millisecond'"
 )
+
+
+def session_network_options(ttl: float) -> dict[str, Any]:
+    """The libpq options of a lock session, for a lock TTL of ``ttl`` seconds: a dead peer fails its calls in time.
+
+    ``tcp_user_timeout``: a call whose bytes the server does not acknowledge
+    (it is gone, the network is cut) fails after a third of the TTL (1 to
+    10 s) instead of the kernel's ~15 minutes of retransmissions, and the
+    renewer retries on a new connection within the lease. Keepalives find
+    the same on an idle session (one that waits for a notification);
+    ``connect_timeout`` bounds reconnecting. A setting in the database's
+    OPTIONS wins over these.
+    """
+    seconds = min(10, max(1, math.floor(ttl / 3)))
+    return {
+        "tcp_user_timeout": seconds * 1000,
+        "keepalives": 1,
+        "keepalives_idle": seconds,
+        "keepalives_interval": max(1, seconds // 3),
+        "keepalives_count": 3,
+        "connect_timeout": max(2, seconds),
+    }
 
 
 class PostgresSQL:
@@ -123,6 +146,24 @@ SET expires_at = statement_timestamp() + {_MS}, token = %(token)s,
     checkpoint = COALESCE(%(checkpoint)s::jsonb, checkpoint), recovery = COALESCE(%(recovery)s::jsonb, recovery)
 WHERE holder_id = %(holder_id)s::text AND owner_key = %(owner_key)s::text AND expires_at > statement_timestamp()
 """
+
+    # RENEW for many grants at once, without checkpoint or recovery (the
+    # renewer's): one statement whatever their number; returns the holder ids
+    # it renewed. Only live grants are updated, so rows the reaper locks
+    # (expired ones) are never waited for.
+    RENEW_MANY = """
+UPDATE esdlock_grant g
+SET expires_at = statement_timestamp() + r.ttl_ms * interval '1 millisecond', token = r.token
+FROM unnest(%(holder_ids)s::text[], %(owner_keys)s::text[], %(ttl_ms)s::float8[], %(tokens)s::bigint[])
+    AS r(holder_id, owner_key, ttl_ms, token)
+WHERE g.holder_id = r.holder_id AND g.owner_key = r.owner_key AND g.expires_at > statement_timestamp()
+RETURNING g.holder_id
+"""
+
+    # A bounded call (a renewal) sets the session's statement_timeout; the
+    # next unbounded call gives it back its configured value.
+    SET_STATEMENT_TIMEOUT = "SELECT set_config('statement_timeout', %s::text, false)"
+    RESET_STATEMENT_TIMEOUT = "RESET statement_timeout"
 
     # Hand a grant to a new owner with a new token and lease, if it still has
     # the owner it was read with and, when required, has expired (a reaper)
@@ -267,7 +308,8 @@ class PostgresDialect(Dialect):
     NODE_FILTERS = PostgresSQL.NODE_FILTERS
     HOLDER_FILTERS = PostgresSQL.HOLDER_FILTERS
 
-    def connection_options(self, options: dict[str, Any]) -> dict[str, Any]:
+    def connection_options(self, options: dict[str, Any], ttl: float) -> dict[str, Any]:
+        ours = session_network_options(ttl)
         # psycopg 3 binds parameters on the server: the calls' arrays are sent
         # as values, not spelled out as SQL text. (Django leaves prepared
         # statements off, for poolers; the statements inside the functions
@@ -275,8 +317,14 @@ class PostgresDialect(Dialect):
         try:
             import psycopg  # noqa: F401
         except ImportError:  # pragma: no cover - psycopg2
-            return options
-        return {"server_side_binding": True, **options}
+            return {**ours, **options}
+        return {"server_side_binding": True, **ours, **options}
+
+    def call_timeout(self, wrapper: Any, cursor: Any, ms: int | None) -> None:
+        if ms is None:
+            cursor.execute(PostgresSQL.RESET_STATEMENT_TIMEOUT, [])
+        else:
+            cursor.execute(PostgresSQL.SET_STATEMENT_TIMEOUT, [str(ms)])
 
     def prepare(self, wrapper: Any, cursor: Any) -> None:
         cursor.execute(PostgresSQL.SESSION, [])
@@ -353,6 +401,18 @@ class PostgresDialect(Dialect):
     def renew(self, cursor: Any, grant: Grant, checkpoint: str | None, recovery: str | None) -> tuple[bool, bool]:
         cursor.execute(*self.renew_call(grant, checkpoint, recovery))
         return cursor.rowcount == 1, False
+
+    def renew_many(self, cursor: Any, grants: Sequence[Grant]) -> tuple[list[bool], bool]:
+        ordered = sorted(grants, key=lambda grant: grant.request.holder_id)
+        params = {
+            "holder_ids": [grant.request.holder_id for grant in ordered],
+            "owner_keys": [grant.request.owner.key for grant in ordered],
+            "ttl_ms": [grant.request.ttl_ms for grant in ordered],
+            "tokens": [grant.token for grant in ordered],
+        }
+        cursor.execute(PostgresSQL.RENEW_MANY, params)
+        renewed = {row[0] for row in cursor.fetchall()}
+        return [grant.request.holder_id in renewed for grant in grants], False
 
     def take_over(
         self, cursor: Any, ids: list[str], params: dict[str, Any]

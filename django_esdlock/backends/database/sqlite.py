@@ -303,8 +303,14 @@ class SQLiteDialect(Dialect):
     NODE_FILTERS = SQLiteSQL.NODE_FILTERS
     HOLDER_FILTERS = SQLiteSQL.HOLDER_FILTERS
 
-    def connection_options(self, options: dict[str, Any]) -> dict[str, Any]:
+    def connection_options(self, options: dict[str, Any], ttl: float) -> dict[str, Any]:
         return {"timeout": SQLITE_BUSY_TIMEOUT, **options}
+
+    def call_timeout(self, wrapper: Any, cursor: Any, ms: int | None) -> None:
+        # What a lock call may wait for is the write lock: the busy timeout bounds it.
+        if ms is None:
+            ms = round(float(wrapper.settings_dict["OPTIONS"]["timeout"]) * 1000)
+        cursor.execute(f"PRAGMA busy_timeout = {ms:d}", [])
 
     def prepare(self, wrapper: Any, cursor: Any) -> None:
         cursor.execute(SQLiteSQL.JOURNAL_MODE, [])
