@@ -175,15 +175,18 @@ class BaseLockBackend(abc.ABC):
         recovery: dict[str, Any] | None,
         require_expired: bool = True,
         require_live: bool = False,
+        require_unchanged: bool = False,
     ) -> Grant | None:
         """Hand one holder's records to ``owner`` with a fresh lease and a new fencing token.
 
         Take the arbiter record (the holder's S or X node) first, and only if
         it still has the owner it was read with and, with ``require_expired``,
         its lease ran out (a reaper's takeover) or, with ``require_live``, its
-        lease still runs (a hand-off's claim): of several callers exactly one
-        wins. Keep intent and checkpoint; record ``recovery`` (None: none).
-        Return the grant, or None.
+        lease still runs (a hand-off's claim), and, with ``require_unchanged``,
+        it still has the lease it was read with (``expires_at``, to the
+        millisecond: a renewal since then keeps it): of several callers
+        exactly one wins. Keep intent and checkpoint; record ``recovery``
+        (None: none). Return the grant, or None.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot take a holder over")
 
@@ -228,6 +231,7 @@ class BaseLockBackend(abc.ABC):
         recovery: dict[str, Any] | None,
         require_expired: bool = True,
         require_live: bool = False,
+        require_unchanged: bool = False,
     ) -> Grant | None:
         """Async :meth:`take_over`."""
         call = functools.partial(
@@ -238,6 +242,7 @@ class BaseLockBackend(abc.ABC):
             recovery=recovery,
             require_expired=require_expired,
             require_live=require_live,
+            require_unchanged=require_unchanged,
         )
         return await asyncio.to_thread(call)
 
@@ -299,6 +304,11 @@ def takeover_request(
         intent=arbiter.intent,
     )
     return records, arbiter, request
+
+
+def expires_ms(record: HolderRecord) -> int:
+    """The lease of ``record`` in milliseconds since the epoch, as the stores keep it (``require_unchanged``)."""
+    return round(record.expires_at.timestamp() * 1000)
 
 
 def renew_params(grant: Grant, checkpoint: Any, recovery: Any) -> dict[str, Any]:

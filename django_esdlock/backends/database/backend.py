@@ -35,7 +35,7 @@ from ...exceptions import LockBackendUnavailable
 from ...modes import Mode
 from ...records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner, WaitState
 from ...redaction import add_secrets, redact, url_secrets
-from ..base import BaseLockBackend, backoff_delay, close_per_loop, takeover_request
+from ..base import BaseLockBackend, backoff_delay, close_per_loop, expires_ms, takeover_request
 from . import listener
 from .aio import LoopSessions
 from .common import Dialect, decode_cursor, encode_cursor, json_text, record, takeover_params, waiter
@@ -473,12 +473,14 @@ class DatabaseLockBackend(BaseLockBackend):
         recovery: dict[str, Any] | None,
         require_expired: bool = True,
         require_live: bool = False,
+        require_unchanged: bool = False,
     ) -> Grant | None:
         records, arbiter, request = takeover_request(
             records, owner, ttl, require_expired=require_expired, require_live=require_live
         )
         ids = [r.node.id for r in records]
         params = takeover_params(arbiter, owner, json_text(recovery), request.ttl_ms, require_expired, require_live)
+        params["expected_expires_ms"] = expires_ms(arbiter) if require_unchanged else None
         outcome = self._run(
             "take a holder over",
             functools.partial(self.dialect.take_over, ids=ids, params=params),

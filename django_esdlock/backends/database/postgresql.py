@@ -126,7 +126,8 @@ WHERE holder_id = %(holder_id)s::text AND owner_key = %(owner_key)s::text AND ex
 
     # Hand a grant to a new owner with a new token and lease, if it still has
     # the owner it was read with and, when required, has expired (a reaper)
-    # or is still live (a hand-off's claim): of callers racing for it, the
+    # or is still live (a hand-off's claim), or still has the lease it was read
+    # with (a forced release; as RECORD_COLUMNS reads it): of callers racing for it, the
     # first to update the row wins and the others find the owner changed (the
     # condition is re-checked on the row they waited for). Intent and
     # checkpoint stay. Returns the token and nodes.
@@ -138,6 +139,8 @@ WHERE g.holder_id = %(holder_id)s::text
   AND (%(expected_owner_key)s::text IS NULL OR g.owner_key = %(expected_owner_key)s::text)
   AND (g.expires_at <= statement_timestamp() OR NOT %(require_expired)s::boolean)
   AND (g.expires_at > statement_timestamp() OR NOT %(require_live)s::boolean)
+  AND (%(expected_expires_ms)s::bigint IS NULL
+       OR (extract(epoch FROM g.expires_at) * 1000)::bigint = %(expected_expires_ms)s::bigint)
 RETURNING g.token, ARRAY(SELECT jsonb_object_keys(g.nodes))
 """
 

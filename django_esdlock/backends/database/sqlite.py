@@ -149,12 +149,13 @@ SET expires_at = {_SQLITE_TIME}, token = %(token)s, checkpoint = COALESCE(%(chec
 WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s AND owner_key = %(owner_key)s
   AND expires_at > %(now)s
 """
-    TAKE_OVER_ARBITER = """
+    TAKE_OVER_ARBITER = f"""
 SELECT 1 FROM esdlock_holder
 WHERE node_id = %(arbiter)s AND holder_id = %(holder_id)s
   AND (%(expected_owner_key)s IS NULL OR owner_key = %(expected_owner_key)s)
   AND (expires_at <= %(now)s OR NOT %(require_expired)s)
   AND (expires_at > %(now)s OR NOT %(require_live)s)
+  AND (%(expected_expires_ms)s IS NULL OR {_sqlite_ms("expires_at")} = %(expected_expires_ms)s)
 """
     TAKE_OVER_TAKEN = f"SELECT node_id FROM esdlock_holder WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s"
     TAKE_OVER = f"""
