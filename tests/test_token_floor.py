@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import time
 
+import psycopg
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
 from django_esdlock import lock_tree
 from django_esdlock.conf import load_backend
@@ -12,6 +16,7 @@ from django_esdlock.modes import Mode
 from django_esdlock.reaper import Reaper
 
 from .contract import all_holders, raw_grant
+from .dbstores import postgres_store, sqlite_path, sqlite_store, url_of
 from .stores import es_store
 
 pytestmark = pytest.mark.django_db
@@ -134,3 +139,80 @@ def test_every_write_after_the_loss_lands_in_an_index_with_the_strict_mapping(es
         assert backend.concrete_indices() == {}
     finally:
         backend.close()
+
+
+# --- SQL stores: a restore rewinds the token counter; the runbook and token_floor move it up again -----
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def db_config(request, django_db_blocker):
+    store = postgres_store if request.param == "postgres" else sqlite_store
+    with django_db_blocker.unblock(), store() as config:
+        yield config
+
+
+def run_sql(config: dict, statement: str, params: tuple = ()) -> None:
+    """Run one statement on the lock database, apart from the backend (as an operator or a restore would)."""
+    url = url_of(config)
+    if url.startswith("sqlite"):
+        with contextlib.closing(sqlite3.connect(sqlite_path(config), timeout=30)) as connection, connection:
+            connection.execute(statement, params)
+    else:
+        with psycopg.connect(url, autocommit=True) as connection:
+            connection.execute(statement, params)
+
+
+def rewind(config: dict) -> None:
+    """What restoring an earlier backup (or a point in time) does to the token counter: it goes back."""
+    if url_of(config).startswith("sqlite"):
+        run_sql(config, "UPDATE esdlock_token SET value = 1")
+    else:
+        run_sql(config, "SELECT setval('esdlock_token_seq', 1)")
+
+
+def test_a_rewound_token_counter_is_moved_above_the_floor(db_config, django_db_blocker):
+    with django_db_blocker.unblock():
+        backend = load_backend(db_config)
+        highest = max(grant_token(backend) for _ in range(5))
+        rewind(db_config)
+        assert grant_token(backend) < highest  # the finding: after a restore, tokens go back
+        options = {**db_config["OPTIONS"], "token_floor": highest}
+        floored = load_backend({**db_config, "OPTIONS": options})
+        assert grant_token(floored) > highest
+        assert grant_token(backend) > highest  # one counter: every process gets tokens above the floor now
+        again = load_backend({**db_config, "OPTIONS": options})
+        before = grant_token(backend)
+        assert grant_token(again) > before  # a floor already passed never moves the counter back
+        for b in (backend, floored, again):
+            b.close()
+
+
+def test_the_postgres_restore_runbook(django_db_blocker):
+    """README, "Restoring a lock store": setval to at least the highest token any client saw."""
+    with django_db_blocker.unblock(), postgres_store() as config:
+        backend = load_backend(config)
+        highest = max(grant_token(backend) for _ in range(5))
+        rewind(config)
+        run_sql(
+            config,
+            "SELECT setval('esdlock_token_seq', GREATEST((SELECT last_value FROM esdlock_token_seq), %s))",
+            (highest + 1000,),
+        )
+        assert grant_token(backend) > highest + 1000
+        backend.close()
+
+
+def test_token_floor_in_a_lock_backend_url():
+    from django_esdlock.conf import parse_url
+
+    assert parse_url("sqlite:////tmp/locks.sqlite3?token_floor=7&timeout=5")["OPTIONS"] == {
+        "url": "sqlite:////tmp/locks.sqlite3?timeout=5",
+        "token_floor": "7",
+    }
+    assert parse_url("elasticsearch://127.0.0.1:9200/locks?token_floor=9")["OPTIONS"]["token_floor"] == "9"
+    backend = load_backend("postgres://u@127.0.0.1/db?token_floor=11")
+    assert backend.token_floor == 11 and "token_floor" not in backend.url.partition("?")[2]
+    with pytest.raises(ImproperlyConfigured, match="token_floor"):
+        load_backend("sqlite:////tmp/locks.sqlite3?token_floor=-1")
+    with pytest.raises(ImproperlyConfigured, match="token_floor"):
+        load_backend("elasticsearch://127.0.0.1:9200/locks?token_floor=x")

@@ -112,6 +112,11 @@ SELECT pg_notify(c.channel, c.holder_id) FROM (
 """
     DROP_EXPIRED_MARKERS = "DELETE FROM esdlock_waiter WHERE expires_at <= statement_timestamp()"
 
+    # The sequence only moves up to the floor, never down (after a restore rewound it).
+    RAISE_TOKEN_FLOOR = f"""
+SELECT setval('{TOKEN_SEQUENCE}', %(floor)s::bigint) WHERE (SELECT last_value FROM {TOKEN_SEQUENCE}) < %(floor)s::bigint
+"""
+
     LISTEN = "LISTEN {channel}"  # an identifier: formatted from the backend pid, never from user data
 
     # Extend the lease of a live grant of this owner from the database's now;
@@ -385,6 +390,10 @@ class PostgresDialect(Dialect):
         )
         cursor.execute(query, {"ids": on})
         return (markers, cursor.fetchall()), False
+
+    def raise_token_floor(self, cursor: Any, floor: int) -> tuple[bool, bool]:
+        cursor.execute(PostgresSQL.RAISE_TOKEN_FLOOR, {"floor": floor})
+        return cursor.fetchone() is not None, False
 
     def drop_idle_nodes(self, cursor: Any, after: str, limit: int) -> tuple[tuple[int, str], bool]:
         cursor.execute(PostgresSQL.LOCK_IDLE_NODES, {"after": after, "limit": limit})

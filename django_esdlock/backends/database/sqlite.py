@@ -122,6 +122,7 @@ DELETE FROM esdlock_holder
 WHERE node_id IN {_SQLITE_IDS} AND (holder_id = %(holder_id)s OR (intent IS NULL AND expires_at <= %(now)s))
 """
     NEXT_TOKEN = f"UPDATE {TOKEN_COUNTER} SET value = value + 1"
+    RAISE_TOKEN_FLOOR = f"UPDATE {TOKEN_COUNTER} SET value = %(floor)s WHERE value < %(floor)s"
     READ_TOKEN = f"SELECT value FROM {TOKEN_COUNTER}"
     WRITE_HOLDERS = f"""
 INSERT INTO esdlock_holder
@@ -410,6 +411,10 @@ class SQLiteDialect(Dialect):
         cursor.execute(SQLiteSQL.EVICT_EXPIRED_ON, {"ids": id_list, "cutoff": cutoff})
         cursor.execute(SQLiteSQL.DELETE_EMPTY_NODES, {"ids": id_list})
         return found, True
+
+    def raise_token_floor(self, cursor: Any, floor: int) -> tuple[bool, bool]:
+        cursor.execute(SQLiteSQL.RAISE_TOKEN_FLOOR, {"floor": floor})
+        return cursor.rowcount > 0, True
 
     def drop_expired_markers(self, cursor: Any) -> tuple[None, bool]:
         cursor.execute(SQLiteSQL.DROP_EXPIRED_MARKERS, {"now": _now(cursor)})
