@@ -159,7 +159,11 @@ class BaseLockBackend(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot look a holder up by id")
 
     def force_release(self, holder_id: str, nodes: Sequence[Node]) -> bool:
-        """Remove holder ``holder_id`` from ``nodes`` whoever owns it; True if it was on all."""
+        """Remove holder ``holder_id`` from ``nodes`` whoever owns it now; True if it was on all.
+
+        Unconditional: a holder renewed or claimed since it was read goes too.
+        The reaper and the admin use :func:`django_esdlock.reaper.release_if_unchanged`.
+        """
         raise NotImplementedError(f"{type(self).__name__} cannot force a release")
 
     def expired_with_intent(self, *, namespace: str | None = None, grace: float = 0.0) -> list[HolderRecord]:

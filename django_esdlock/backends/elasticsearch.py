@@ -292,8 +292,7 @@ def token_floor_of(index: str) -> int:
 
 
 def _token(body: Mapping[str, Any]) -> int:
-    """Return the fencing token of a write: its index's token floor, plus its primary term times 2**40, plus its
-    ``_seq_no`` plus one.
+    """Return the fencing token of a write: its index's floor + its primary term * 2**40 + its ``_seq_no`` + 1.
 
     A one-shard index's history is ordered by (primary term, sequence number):
     a new primary continues the sequence under a higher term, and a primary
@@ -664,9 +663,15 @@ class ElasticsearchLockBackend(BaseLockBackend):
     ``index_count`` (hash namespaces into that many lock indices; default 1),
     ``namespace_indices`` (namespace -> lock index, ahead of the hash),
     ``token_floor`` (every fencing token exceeds it: see "Restoring a lock
-    store" in the README; default 0) and any keyword of ``elasticsearch.Elasticsearch`` (``basic_auth``,
-    ``api_key``, ``ca_certs``, ``verify_certs``, ``request_timeout``, ...),
-    passed through to the client.
+    store" in the README; default 0) and any keyword of
+    ``elasticsearch.Elasticsearch`` (``basic_auth``, ``api_key``,
+    ``ca_certs``, ``verify_certs``, ``request_timeout``, ...), passed through
+    to the client.
+
+    Each lock index is an alias of one concrete index,
+    ``<index>.floor-<floor>``, whose tokens all exceed its floor; a lost one
+    is recreated above every token this process saw (see
+    :meth:`_lock_index_steps`).
 
     Credentials (user info in a host, ``basic_auth``, ``api_key``,
     ``bearer_auth``, an Authorization header) go only to https hosts:
