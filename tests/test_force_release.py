@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import io
@@ -86,13 +87,19 @@ def test_a_handoff_claimed_between_listing_and_release_keeps_the_lock(backend):
     holder_id = lock.holder_id
     ticket = lock.handoff(ttl=30)
     listed = backend.holder_records(holder_id)
-    claimed = resume_lock(ticket, backend=backend).acquire()  # a worker claims it: new owner, same holder id
-    try:
-        assert release_if_unchanged(backend, listed) is False
-        assert owners_of(backend, "/handed") == [Owner.current().key]
-        claimed.check()
-    finally:
-        claimed.release()
+    with concurrent.futures.ThreadPoolExecutor(1) as worker:  # another thread: another owner, as a task worker is
+        claimed = worker.submit(resume_lock(ticket, backend=backend).acquire).result(timeout=30)
+        claimant = worker.submit(lambda: Owner.current().key).result(timeout=30)
+        try:
+            assert release_if_unchanged(backend, listed) is False
+            assert owners_of(backend, "/handed") == [claimant] != [lock_owner(listed)]
+            claimed.check()
+        finally:
+            worker.submit(claimed.release).result(timeout=30)
+
+
+def lock_owner(records) -> str:
+    return records[0].owner["key"]
 
 
 def test_reap_local_pids_leaves_a_handoff_claimed_while_it_reaped(lock_config, backend, monkeypatch):

@@ -1007,14 +1007,18 @@ class ElasticsearchLockBackend(BaseLockBackend):
         """
         ((_, header),) = action.items()
         body = next(iter(item.values()))
-        error = body.get("error")
-        if error:
-            return isinstance(error, Mapping) and error.get("type") == _NOT_FOUND
         alias, concrete = header["_index"], body.get("_index")
-        if not isinstance(concrete, str):
-            return False
         with self._sole_lock:
             current = self._current.get(alias)
+        error = body.get("error")
+        if error:
+            if isinstance(error, Mapping) and error.get("type") == _NOT_FOUND:
+                return True
+            # Elasticsearch before 7.10 creates a missing index even for a write that then fails (an update
+            # of a document that is not there): the answer comes from that index, named like the alias.
+            return concrete == alias and current != alias
+        if not isinstance(concrete, str):
+            return False
         if concrete != current:
             if concrete == alias or token_floor_of(concrete) < self._floor_for(alias, concrete):
                 return True
