@@ -74,7 +74,7 @@ def test_an_index_of_an_earlier_mapping_is_flagged_then_gains_the_new_fields_at_
 
 
 def test_a_lock_index_of_an_earlier_release_is_used_as_it_is_and_flagged(lock_config):
-    """A concrete index named like the lock index (no alias) with the lock mapping: kept, with check W007."""
+    """A concrete index named like the lock index (no alias) with the lock mapping: kept, with check W008."""
     backend = load_backend(lock_config)
     index = lock_config["OPTIONS"]["index"]
     old = {
@@ -87,7 +87,7 @@ def test_a_lock_index_of_an_earlier_release_is_used_as_it_is_and_flagged(lock_co
         assert lock.token > 0
         assert [r.node.key for r in backend.holders().holders] == ["/a"]
     assert backend.concrete_indices() == {index: index}
-    assert [m.id for m in backend.check()] == ["django_esdlock.W007"]
+    assert [m.id for m in backend.check()] == ["django_esdlock.W008"]
 
 
 def test_reading_the_waiting_requests_creates_no_index(lock_config):

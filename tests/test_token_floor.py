@@ -99,7 +99,7 @@ def test_the_token_floor_option_is_honoured_at_creation_and_by_replacement(es_co
     raised = load_backend({**es_config, "OPTIONS": {**es_config["OPTIONS"], "token_floor": str(floor)}})
     try:
         assert grant_token(plain) < floor
-        assert [m.id for m in raised.check()] == ["django_esdlock.W008"]  # the index gives tokens below the floor
+        assert [m.id for m in raised.check()] == ["django_esdlock.W009"]  # the index gives tokens below the floor
         assert grant_token(raised) > floor  # replaced: its first write moves the alias to an index above the floor
         assert strict_incarnation(raised)[1] == floor
         assert raised.check() == []

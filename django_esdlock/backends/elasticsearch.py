@@ -1051,7 +1051,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         alias moves to a new incarnation in one atomic alias change that also
         deletes the old index, so of several processes doing it exactly one
         does. A concrete index named like the alias with the lock mapping (made
-        by an earlier release) is used as it is (see check W007).
+        by an earlier release) is used as it is (see check W008).
         """
         for _ in range(INCARNATION_TRIES):
             lookup = _Api("indices.get_mapping", {"index": alias}, options={"ignore_status": 404})
@@ -2012,7 +2012,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
                         hint="When no lock is held, delete it (the backend then creates the alias and its index), or "
                         "set OPTIONS['token_floor'] above the highest token given out: the next process replaces "
                         "it (see 'Restoring a lock store' in the README).",
-                        id="django_esdlock.W007",
+                        id="django_esdlock.W008",
                     )
                 )
             elif token_floor_of(concrete) < self.token_floor:
@@ -2022,7 +2022,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
                         f"OPTIONS['token_floor'] {self.token_floor}.",
                         hint="The next process of these settings that writes replaces it by one above the floor "
                         "(its holders are lost then).",
-                        id="django_esdlock.W008",
+                        id="django_esdlock.W009",
                     )
                 )
             index_settings = next(iter(settings.values()))["settings"]["index"]
