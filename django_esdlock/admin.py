@@ -10,21 +10,19 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
-from django.contrib.admin.models import DELETION, LogEntry
-from django.contrib.contenttypes.models import ContentType
+from django.contrib.admin.models import CHANGE
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.translation import ngettext
 
-from . import signals
+from . import operations, signals
 from .conf import get_backend
 from .exceptions import LockError, LockStoreBusy
 from .held_lock import HeldLock
 from .modes import Mode
 from .paths import ancestors, normalize_namespace, normalize_path
-from .reaper import Reaper
 from .records import HolderRecord, Kind, Node, main_record
 from .redaction import redact
 from .waiting import SHOWN, WaitGraph, drawing, owner_label
@@ -326,7 +324,11 @@ class HeldLockAdmin(admin.ModelAdmin):
     # --- actions -----------------------------------------------------------------
 
     def force_release_view(self, request: HttpRequest) -> HttpResponse:
-        """POST holder ids: ask for confirmation, then remove them from every node they hold."""
+        """POST holder ids: ask for confirmation, then release each holder that is still the one shown.
+
+        A holder that carries an intent is recovered (its handler run, then
+        released) unless the confirmation explicitly discards the intent.
+        """
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if not self.has_delete_permission(request):
@@ -342,62 +344,151 @@ class HeldLockAdmin(admin.ModelAdmin):
         except LockError as e:
             self.message_user(request, _unreadable(e), messages.ERROR)
             return HttpResponseRedirect(back)
+        tasks = operations.background_tasks()
         if request.POST.get("confirm") != "yes":
             context = self._context(
                 request,
                 "Force release: are you sure?",
-                holders=[(holder_id, [_row(r) for r in records]) for holder_id, records in found.items()],
+                holders=[_confirmation(holder_id, records) for holder_id, records in found.items()],
                 back=request.POST.get("back", ""),
+                tasks=tasks,
             )
             return TemplateResponse(request, "admin/django_esdlock/heldlock/release_confirmation.html", context)
         released = 0
-        content_type = ContentType.objects.get_for_model(HeldLock, for_concrete_model=False)
         for holder_id, records in found.items():
             if not records:
                 continue
+            main = main_record(records)
+            seen = request.POST.get(f"seen-{holder_id}")
+            if seen is not None and seen != main.owner_key:
+                self.message_user(
+                    request,
+                    f"Holder {holder_id} changed hands since you confirmed "
+                    f"({operations.holder_repr(main)}): left held.",
+                    messages.WARNING,
+                )
+                continue
             try:
-                backend.force_release(holder_id, [r.node for r in records])
+                if any(r.intent for r in records):
+                    released += self._release_with_intent(request, backend, holder_id, records, seen, tasks)
+                elif operations.force_release(backend, records, request.user.pk, discard_intent=False):
+                    released += 1
+                    signals.send(
+                        signals.lock_force_released, sender=type(self), holder=main, records=records, user=request.user
+                    )
+                else:
+                    self._changed(request, holder_id)
             except LockError as e:
                 self.message_user(request, f"Releasing {holder_id} failed: {_busy_or(e)}", messages.ERROR)
-                continue
-            released += 1
-            main = main_record(records)
-            LogEntry.objects.create(
-                user_id=request.user.pk,
-                content_type=content_type,
-                object_id=holder_id,
-                object_repr=f"{main.node} {main.mode.value} held by {_row(main)['owner']}"[:200],
-                action_flag=DELETION,
-                change_message=f"Force-released holder {holder_id} on {len(records)} node(s).",
+        if released:
+            self.message_user(
+                request,
+                ngettext("Released %(count)d holder.", "Released %(count)d holders.", released) % {"count": released},
+                messages.SUCCESS,
             )
+        return HttpResponseRedirect(back)
+
+    def _changed(self, request: HttpRequest, holder_id: str) -> None:
+        self.message_user(
+            request,
+            f"Holder {holder_id} changed since it was read (renewed, claimed or taken over): left held. "
+            "Look again before you release it.",
+            messages.WARNING,
+        )
+
+    def _release_with_intent(
+        self,
+        request: HttpRequest,
+        backend: Any,
+        holder_id: str,
+        records: list[HolderRecord],
+        seen: str | None,
+        tasks: str | None,
+    ) -> int:
+        """Recover (the default) or, if explicitly chosen, discard the intent and release; return 1 if released."""
+        choice = request.POST.get(f"intent-{holder_id}")
+        main = main_record(records)
+        if choice == "discard":
+            if not operations.force_release(backend, records, request.user.pk, discard_intent=True):
+                self._changed(request, holder_id)
+                return 0
             signals.send(
                 signals.lock_force_released, sender=type(self), holder=main, records=records, user=request.user
             )
-        self.message_user(
-            request,
-            ngettext("Released %(count)d holder.", "Released %(count)d holders.", released) % {"count": released},
-            messages.SUCCESS,
+            self.message_user(
+                request,
+                f"Discarded the intent of holder {holder_id}: its change will not be recovered.",
+                messages.WARNING,
+            )
+            return 1
+        if choice != "recover":
+            self.message_user(
+                request,
+                f"Holder {holder_id} carries an intent: choose to recover it or to discard it. Nothing was done.",
+                messages.ERROR,
+            )
+            return 0
+        if tasks:
+            task_id = operations.enqueue_recover(holder_id, seen or main.owner_key, request.user.pk)
+            message = f"Recovery of holder {holder_id} enqueued as task {task_id} ({tasks}): a worker runs its handler."
+            operations.log(request.user.pk, holder_id, operations.holder_repr(main), CHANGE, message)
+            self.message_user(request, message, messages.SUCCESS)
+            return 0
+        outcome = operations.recover_now(
+            holder_id, seen or main.owner_key, request.user.pk, how="inline: no task backend is configured"
         )
-        return HttpResponseRedirect(back)
+        self.message_user(request, outcome.message, messages.SUCCESS if outcome.ok else messages.WARNING)
+        return 0
 
     def reap_view(self, request: HttpRequest) -> HttpResponse:
-        """POST: remove expired holders now (recovering those with an intent), as reap_locks does."""
+        """POST: remove expired holders and recover those with an intent, as reap_locks does.
+
+        As a task when a task backend that runs apart from the request is
+        configured (Django's Tasks framework), else in this request (the
+        message says so); logged either way.
+        """
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if not self.has_delete_permission(request):
             raise PermissionDenied
+        tasks = operations.background_tasks()
         try:
-            report = Reaper(get_backend()).run()
+            if tasks:
+                task_id = operations.enqueue_reap(request.user.pk)
+                message = (
+                    f"Reaping enqueued as task {task_id} ({tasks}): a worker removes expired holders and runs "
+                    "the recovery handlers."
+                )
+                operations.log(request.user.pk, operations.REAP_OBJECT, "reap_locks", CHANGE, message)
+                self.message_user(request, message, messages.SUCCESS)
+                return HttpResponseRedirect(self._url("changelist"))
+            report = operations.reap_now(request.user.pk, how="inline: no task backend is configured")
         except LockError as e:
             self.message_user(request, f"Reaping failed: {_busy_or(e)}", messages.ERROR)
         else:
             count = len(report.evicted)
             self.message_user(
                 request,
-                ngettext("Removed %(count)d expired holder.", "Removed %(count)d expired holders.", count)
+                "Ran in this request (no task backend is configured). "
+                + ngettext("Removed %(count)d expired holder.", "Removed %(count)d expired holders.", count)
                 % {"count": count}
                 + (f" Recovered {len(report.recovered)}." if report.recovered else "")
-                + (f" {len(report.failed)} recoveries failed." if report.failed else ""),
+                + (f" Released {len(report.finished)} recovered earlier." if report.finished else "")
+                + (f" {len(report.failed)} failed." if report.failed else ""),
                 messages.SUCCESS if not report.failed else messages.WARNING,
             )
         return HttpResponseRedirect(self._url("changelist"))
+
+
+def _confirmation(holder_id: str, records: list[HolderRecord]) -> dict[str, Any]:
+    """What the confirmation page shows of one holder: its rows, its intent and the choices it offers."""
+    intent = next((r.intent for r in records if r.intent), None)
+    main = main_record(records) if records else None
+    return {
+        "holder_id": holder_id,
+        "rows": [_row(r) for r in records],
+        "seen": main.owner_key if main else "",
+        "intent": json.dumps(intent, sort_keys=True) if intent else "",
+        "op": (intent or {}).get("op"),
+        "recoverable": operations.handler_of(records),
+    }

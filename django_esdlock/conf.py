@@ -69,9 +69,12 @@ def parse_url(url: str) -> dict[str, Any]:
         # ttl is ours; every other query parameter belongs to the database URL. (Cut the
         # query by hand: urlunsplit would turn sqlite:////abs/path into sqlite://abs/path.)
         base = url.split("?", 1)[0]
-        ours = ("ttl", "deadlock_timeout", *(key.lower() for key in Limits.SETTINGS))
+        ours = ("ttl", "deadlock_timeout", "token_floor", *(key.lower() for key in Limits.SETTINGS))
         rest = urllib.parse.urlencode([(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k not in ours])
-        config.update(BACKEND=DATABASE_BACKEND, OPTIONS={"url": f"{base}?{rest}" if rest else base})
+        db_options: dict[str, Any] = {"url": f"{base}?{rest}" if rest else base}
+        if "token_floor" in query:
+            db_options["token_floor"] = query["token_floor"]
+        config.update(BACKEND=DATABASE_BACKEND, OPTIONS=db_options)
     else:
         raise InvalidLockBackend(
             f"LOCK_BACKEND URL scheme {parts.scheme!r} is not one of "

@@ -7,29 +7,34 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from . import signals
 from .backends.base import BaseLockBackend
 from .locks import Lock
-from .records import HolderRecord, Owner, main_record, process_start
+from .records import HolderRecord, Owner, main_record, pid_namespace, process_start
 from .recovery import get_handler
 
 logger = logging.getLogger("django_esdlock")
 
 
-def process_is_gone(owner: dict[str, Any], *, host: str | None = None) -> bool:
-    """Return True if ``owner`` ran on this host and its process provably no longer runs.
+def process_is_gone(owner: Mapping[str, Any], *, host: str | None = None, pidns: str | None = None) -> bool:
+    """Return True if ``owner`` ran on this host, in this pid namespace, and its process provably no longer runs.
 
     Provably: its pid is not alive, or the pid now belongs to a process that
-    started later (a different start identity). Owners of other hosts, and
-    pids this host cannot inspect, are never declared dead.
+    started later (a different start identity). Owners of other hosts or of
+    other pid namespaces (a container sharing the host's name and network
+    numbers its processes apart), owners that recorded no namespace, and pids
+    this host cannot inspect are never declared dead.
     """
     if owner.get("host") != (host or socket.gethostname()):
         return False
+    ours = pidns or pid_namespace()
+    if ours is None or owner.get("pidns") != ours:
+        return False
     pid = owner.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
         return False
     try:
         os.kill(pid, 0)
@@ -42,6 +47,38 @@ def process_is_gone(owner: dict[str, Any], *, host: str | None = None) -> bool:
     return started is not None and current is not None and current != started
 
 
+RECOVERING = "recovering"
+"""Recovery state of a holder a reaper took over to run its handler (set by the conditional take-over)."""
+DONE = "done"
+"""Recovery state of a holder whose handler finished: a later pass only releases it."""
+FAILED = "failed"
+"""Recovery state of a holder whose handler raised: retried once the reaper's lease runs out."""
+
+
+def release_if_unchanged(backend: BaseLockBackend, records: Sequence[HolderRecord]) -> bool:
+    """Force-release one holder, only if it is still the one listed; return True if released.
+
+    Still the one listed: the same owner and the same lease as in ``records``
+    (as read): a holder renewed since (its process lives), claimed by a hand-off
+    or taken over by a reaper stays. A conditional take-over by this process
+    decides it (of several callers exactly one wins), then a release by the
+    taker; whatever that leaves (a failure in between) ends with the taker's
+    lease. An intent goes with the holder: recover it first if it matters.
+    """
+    grant = backend.take_over(
+        records,
+        Owner.current(),
+        ttl=backend.ttl,
+        recovery=None,
+        require_expired=False,
+        require_unchanged=True,
+    )
+    if grant is None:
+        return False
+    backend.release(grant)
+    return True
+
+
 @dataclasses.dataclass
 class ReapReport:
     """What one reaper run did (or, with ``dry_run``, would do)."""
@@ -50,10 +87,14 @@ class ReapReport:
     evicted: list[HolderRecord] = dataclasses.field(default_factory=list)
     dead_local: list[HolderRecord] = dataclasses.field(default_factory=list)
     recovered: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    finished: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Holders whose handler had finished on an earlier pass (state ``done``), released now without running it."""
     failed: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     unrecoverable: list[HolderRecord] = dataclasses.field(default_factory=list)
     to_recover: list[HolderRecord] = dataclasses.field(default_factory=list)
     taken_by_other_reaper: list[HolderRecord] = dataclasses.field(default_factory=list)
+    changed: list[HolderRecord] = dataclasses.field(default_factory=list)
+    """Holders renewed, claimed or taken over between listing and freeing them: left held."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -61,17 +102,21 @@ class ReapReport:
             "evicted": [r.as_dict() for r in self.evicted],
             "dead_local": [r.as_dict() for r in self.dead_local],
             "recovered": self.recovered,
+            "finished": self.finished,
             "failed": self.failed,
             "unrecoverable": [r.as_dict() for r in self.unrecoverable],
             "to_recover": [r.as_dict() for r in self.to_recover],
             "taken_by_other_reaper": [r.as_dict() for r in self.taken_by_other_reaper],
+            "changed": [r.as_dict() for r in self.changed],
             "counts": {
                 "evicted": len(self.evicted),
                 "dead_local": len(self.dead_local),
                 "recovered": len(self.recovered),
+                "finished": len(self.finished),
                 "failed": len(self.failed),
                 "unrecoverable": len(self.unrecoverable),
                 "to_recover": len(self.to_recover),
+                "changed": len(self.changed),
             },
         }
 
@@ -83,8 +128,22 @@ def _by_holder(records: Iterable[HolderRecord]) -> dict[str, list[HolderRecord]]
     return groups
 
 
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
 class Reaper:
-    """One pass over a store: evict expired holders, free dead local ones, recover intents."""
+    """One pass over a store: evict expired holders, free dead local ones, recover intents.
+
+    Recovery is at least once underneath: a handler runs under a lock taken
+    over with a new fencing token, and a holder is marked ``recovering``
+    (by that conditional take-over) before its handler runs and ``done`` after;
+    a later pass releases a ``done`` holder without running the handler again.
+    A handler that finished may still run twice if marking it ``done`` fails
+    (the store is down, the lease ran out): handlers must be idempotent. One
+    holder's failure (its handler, the store, a receiver) is reported in
+    ``failed`` and never stops the pass.
+    """
 
     def __init__(
         self,
@@ -111,8 +170,31 @@ class Reaper:
         for records in _by_holder(
             self.backend.expired_with_intent(namespace=self.namespace, grace=self.grace)
         ).values():
-            self._recover(records, report, require_expired=True)
+            self._guarded(records, report, lambda records=records: self._recover(records, report, require_expired=True))
         return report
+
+    def recover(self, records: Sequence[HolderRecord], *, require_expired: bool = False) -> ReapReport:
+        """Recover one holder now (the admin's "recover now"): run its handler under a take-over, then release it.
+
+        Without ``require_expired`` a live holder is taken too, but only if it is
+        still as ``records`` show it (same owner and lease).
+        """
+        report = ReapReport(dry_run=self.dry_run)
+        self._guarded(
+            list(records),
+            report,
+            lambda: self._recover(list(records), report, require_expired=require_expired, require_unchanged=True),
+        )
+        return report
+
+    def _guarded(self, records: list[HolderRecord], report: ReapReport, work: Callable[[], None]) -> None:
+        """Run one holder's work; a failure is that holder's (reported, logged), never the pass's."""
+        try:
+            work()
+        except Exception as e:  # one holder's failure never stops the pass
+            main = main_record(records)
+            logger.exception("reaping holder %s of %s failed", main.holder_id, main.node)
+            report.failed.append({"holder": main.as_dict(), "token": None, "error": _error(e)})
 
     def _evict_expired(self, report: ReapReport) -> None:
         report.evicted = self.backend.evict_expired(
@@ -136,25 +218,42 @@ class Reaper:
             cursor = page.next_cursor
 
     def _free_dead_local(self, report: ReapReport) -> None:
-        host = socket.gethostname()
-        dead = [r for r in self._all_holders() if process_is_gone(dict(r.owner), host=host) and not r.recovery]
-        for holder_id, records in _by_holder(dead).items():
-            if any(r.intent for r in records):
-                self._recover(records, report, require_expired=False)
-                continue
-            if not self.dry_run:
-                self.backend.force_release(holder_id, [r.node for r in records])
-                for record in records:
-                    logger.info("freed holder %s of %s: its process is gone", holder_id, record.node)
-                    signals.send(signals.lock_reaped, sender=type(self), holder=record)
-            report.dead_local.extend(records)
+        host, pidns = socket.gethostname(), pid_namespace()
+        dead = [
+            r for r in self._all_holders() if not r.recovery and process_is_gone(dict(r.owner), host=host, pidns=pidns)
+        ]
+        for records in _by_holder(dead).values():
+            self._guarded(records, report, lambda records=records: self._free_dead(records, report))
         self.progress("dead_local", len(report.dead_local))
 
-    def _recover(self, records: list[HolderRecord], report: ReapReport, *, require_expired: bool) -> None:
+    def _free_dead(self, records: list[HolderRecord], report: ReapReport) -> None:
+        """Free the holder of a dead local process, if it is still as listed (else it lives on: leave it)."""
+        if any(r.intent for r in records):
+            self._recover(records, report, require_expired=False, require_unchanged=True)
+            return
+        if not self.dry_run:
+            if not release_if_unchanged(self.backend, records):
+                report.changed.append(main_record(records))
+                return
+            for record in records:
+                logger.info("freed holder %s of %s: its process is gone", record.holder_id, record.node)
+                signals.send(signals.lock_reaped, sender=type(self), holder=record)
+        report.dead_local.extend(records)
+
+    def _recover(
+        self,
+        records: list[HolderRecord],
+        report: ReapReport,
+        *,
+        require_expired: bool,
+        require_unchanged: bool = False,
+    ) -> None:
         main = main_record(records)
         intent = dict(main.intent or {})
+        previous = dict(main.recovery or {})
+        done = previous.get("state") == DONE
         handler = get_handler(intent.get("op"))
-        if handler is None:
+        if handler is None and not done:
             report.unrecoverable.append(main)
             logger.error("holder %s of %s has intent %r but no recovery handler", main.holder_id, main.node, intent)
             signals.send(signals.lock_unrecoverable, sender=type(self), holder=main)
@@ -162,31 +261,56 @@ class Reaper:
         if self.dry_run:
             report.to_recover.append(main)
             return
-        attempts = int((main.recovery or {}).get("attempts", 0)) + 1
+        attempts = int(previous.get("attempts", 0)) + (0 if done else 1)
         owner = Owner.current()
+        state = {"state": DONE if done else RECOVERING, "attempts": attempts, "reaper": owner.as_dict()}
         started = time.monotonic()
+        # The conditional take-over is the "recovering" mark: of several reapers exactly one gets it.
         grant = self.backend.take_over(
             records,
             owner,
             ttl=self.backend.ttl,
-            recovery={"state": "running", "attempts": attempts, "reaper": owner.as_dict()},
+            recovery=state,
             require_expired=require_expired,
+            require_unchanged=require_unchanged,
         )
         if grant is None:
-            report.taken_by_other_reaper.append(main)
+            (report.changed if require_unchanged else report.taken_by_other_reaper).append(main)
             return
         lock = Lock.adopt(grant, self.backend, started=started)
         entry = {"holder": main.as_dict(), "token": grant.token, "attempts": attempts}
+        if done:
+            # Its handler finished on an earlier pass, whose release failed: only the release is left.
+            self._release(lock, main, entry, report)
+            report.finished.append(entry)
+            logger.info("released %s (%s), recovered earlier", main.node, intent.get("op"))
+            return
+        assert handler is not None
         try:
             handler(intent=intent, checkpoint=main.checkpoint, lock=lock)
         except Exception as e:  # any handler failure is recorded, and retried next run
-            error = f"{type(e).__name__}: {e}"
+            error = _error(e)
             logger.exception("recovery of %s (%s) failed", main.node, intent.get("op"))
-            lock.abandon(recovery={"state": "failed", "attempts": attempts, "error": error})
+            lock.abandon(recovery={"state": FAILED, "attempts": attempts, "error": error})
             report.failed.append({**entry, "error": error})
             signals.send(signals.lock_recovery_failed, sender=type(self), holder=main, error=error)
             return
-        lock.release()
+        # Done, before the release: if the release fails, a rerun finds "done" and only releases.
+        if not self.backend.renew(grant, recovery={**state, "state": DONE}):
+            lock.abandon()
+            error = "the holder was lost while its handler ran (lease ran out or taken over): it may run again"
+            report.failed.append({**entry, "error": error})
+            logger.error("recovery of %s (%s): %s", main.node, intent.get("op"), error)
+            return
+        self._release(lock, main, entry, report)
         report.recovered.append(entry)
         logger.info("recovered %s (%s) under token %s", main.node, intent.get("op"), grant.token)
         signals.send(signals.lock_recovered, sender=type(self), holder=main, lock=lock)
+
+    def _release(self, lock: Lock, main: HolderRecord, entry: dict[str, Any], report: ReapReport) -> None:
+        """Release a recovered holder; a failure leaves it ``done`` to its lease (the next pass releases it)."""
+        try:
+            lock.release()
+        except Exception:
+            lock.abandon()
+            raise

@@ -80,15 +80,40 @@ def process_start(pid: int | str = "self") -> str | None:
     return f"{boot}/{ticks}"
 
 
+def pid_namespace() -> str | None:
+    """Return what names this process's pid namespace on this host, or None where it cannot be read.
+
+    Pids mean something only within their namespace: a container (even one
+    that shares the host's name and network) numbers its processes apart.
+    On Linux: the boot id and the inode of ``/proc/self/ns/pid`` (a
+    namespace's inode is unique among the namespaces alive on one boot).
+    """
+    try:
+        inode = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        try:  # a stat may be refused where the link still reads: "pid:[4026531836]"
+            inode = int(os.readlink("/proc/self/ns/pid").partition("[")[2].rstrip("]"))
+        except (OSError, ValueError):
+            return None
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        return None
+    return f"{boot}/{inode}"
+
+
 # A fresh id per process, so that pid reuse and fork never confuse two owners.
 _process_id = uuid.uuid4().hex
 _process_start = process_start()
+_pid_namespace = pid_namespace()
 
 
 def _after_fork() -> None:
-    global _process_id, _process_start
+    global _process_id, _process_start, _pid_namespace
     _process_id = uuid.uuid4().hex
     _process_start = process_start()
+    _pid_namespace = pid_namespace()  # unshare(CLONE_NEWPID) takes effect in children: re-read
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -115,6 +140,8 @@ class Owner:
     """The process's start identity (:func:`process_start`), to detect a reused pid."""
     task: int | None = None
     """The asyncio task within the thread (its ``id()``): two tasks of one thread are two owners."""
+    pidns: str | None = None
+    """The pid namespace the pid counts in (:func:`pid_namespace`): a pid is looked up only in its own."""
 
     @classmethod
     def current(cls) -> Owner:
@@ -129,6 +156,7 @@ class Owner:
             _process_id,
             _process_start,
             None if task is None else id(task),
+            _pid_namespace,
         )
 
     @property

@@ -70,7 +70,7 @@ def example_fs(es_url: str, *, ttl: float = 30.0) -> Iterator[ExampleFs]:
         finally:
             fs.index.delete()
             backend = load_backend(lock_config)
-            backend.client.options(ignore_status=404).indices.delete(index=lock_config["OPTIONS"]["index"])
+            backend.delete_indices()
             backend.close()
 
 

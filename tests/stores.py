@@ -33,7 +33,7 @@ def es_store(url: str, *, ttl: float = 30.0) -> Iterator[dict]:
         yield config
     finally:
         backend = load_backend(config)
-        backend.client.options(ignore_status=404).indices.delete(index=config["OPTIONS"]["index"])
+        backend.delete_indices()
         backend.close()
 
 

@@ -49,7 +49,7 @@ def live_backend(es_url):
     config = es_config(es_url)
     backend = load_backend(config)
     yield backend
-    backend.client.options(ignore_status=404).indices.delete(index=backend.index)
+    backend.delete_indices()
     backend.close()
 
 

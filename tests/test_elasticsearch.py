@@ -8,7 +8,13 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from django_esdlock.backends.elasticsearch import MAPPING, PROPERTIES_OF_VERSION_1, ElasticsearchLockBackend
+from django_esdlock import lock_tree
+from django_esdlock.backends.elasticsearch import (
+    MAPPING,
+    PROPERTIES_OF_VERSION_1,
+    PROPERTIES_OF_VERSION_2,
+    ElasticsearchLockBackend,
+)
 from django_esdlock.conf import load_backend
 from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, WaitState
@@ -34,28 +40,54 @@ def test_index_has_one_shard_and_the_strict_mapping(lock_config):
     backend = load_backend(lock_config)
     backend.setup()
     index = lock_config["OPTIONS"]["index"]
-    mapping = backend.client.indices.get_mapping(index=index)[index]["mappings"]
-    assert mapping["dynamic"] == "strict"
-    assert mapping["properties"] == MAPPING["properties"]
-    settings = backend.client.indices.get_settings(index=index)[index]["settings"]["index"]
+    # The lock index is an alias of its incarnation, whose name carries its token floor.
+    assert backend.concrete_indices() == {f"{index}.floor-0": index}
+    ((concrete, found),) = backend.client.indices.get_mapping(index=index).items()
+    assert concrete == f"{index}.floor-0"
+    assert found["mappings"]["dynamic"] == "strict"
+    assert found["mappings"]["properties"] == MAPPING["properties"]
+    settings = backend.client.indices.get_settings(index=index)[concrete]["settings"]["index"]
     assert settings["number_of_shards"] == "1"
     assert backend.check() == []
 
 
-def test_an_index_of_the_first_mapping_is_flagged_then_gains_the_new_fields_at_first_use(lock_config):
+@pytest.mark.parametrize("version, properties", [(1, PROPERTIES_OF_VERSION_1), (2, PROPERTIES_OF_VERSION_2)])
+def test_an_index_of_an_earlier_mapping_is_flagged_then_gains_the_new_fields_at_first_use(
+    lock_config, version, properties
+):
+    backend = load_backend(lock_config)
+    index = lock_config["OPTIONS"]["index"]
+    old = {"dynamic": "strict", "_meta": {"django_esdlock": {"mapping_version": version}}, "properties": properties}
+    backend.client.indices.create(
+        index=f"{index}.floor-0",
+        settings={"number_of_shards": 1},
+        mappings=old,
+        aliases={index: {"is_write_index": True}},
+    )
+    assert [m.id for m in backend.check()] == ["django_esdlock.W006"]
+    backend.setup()
+    mapping = backend.client.indices.get_mapping(index=index)[f"{index}.floor-0"]["mappings"]
+    assert mapping["properties"] == MAPPING["properties"] and mapping["_meta"] == MAPPING["_meta"]
+    assert backend.check() == []
+    with lock_tree("/a", backend=backend) as lock:
+        assert lock.token > 0
+
+
+def test_a_lock_index_of_an_earlier_release_is_used_as_it_is_and_flagged(lock_config):
+    """A concrete index named like the lock index (no alias) with the lock mapping: kept, with check W008."""
     backend = load_backend(lock_config)
     index = lock_config["OPTIONS"]["index"]
     old = {
         "dynamic": "strict",
-        "_meta": {"django_esdlock": {"mapping_version": 1}},
-        "properties": PROPERTIES_OF_VERSION_1,
+        "_meta": {"django_esdlock": {"mapping_version": 2}},
+        "properties": PROPERTIES_OF_VERSION_2,
     }
     backend.client.indices.create(index=index, settings={"number_of_shards": 1}, mappings=old)
-    assert [m.id for m in backend.check()] == ["django_esdlock.W006"]
-    backend.setup()
-    mapping = backend.client.indices.get_mapping(index=index)[index]["mappings"]
-    assert mapping["properties"] == MAPPING["properties"] and mapping["_meta"] == MAPPING["_meta"]
-    assert backend.check() == []
+    with lock_tree("/a", backend=backend) as lock:
+        assert lock.token > 0
+        assert [r.node.key for r in backend.holders().holders] == ["/a"]
+    assert backend.concrete_indices() == {index: index}
+    assert [m.id for m in backend.check()] == ["django_esdlock.W008"]
 
 
 def test_reading_the_waiting_requests_creates_no_index(lock_config):

@@ -96,6 +96,5 @@ def test_listing_reaping_and_check_cover_every_lock_index(es_url):
         assert {r.node.namespace for r in backend.evict_expired()} == set(names)
         assert backend.holders().holders == []
     finally:
-        for index in backend.lock_indices:
-            backend.client.options(ignore_status=404).indices.delete(index=index)
+        backend.delete_indices()
         backend.close()

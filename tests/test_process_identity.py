@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from django_esdlock.reaper import process_is_gone
-from django_esdlock.records import Owner, process_start
+from django_esdlock.records import Owner, pid_namespace, process_start
 
 
 def test_a_live_owner_is_not_gone():
@@ -20,7 +20,8 @@ def test_a_live_owner_is_not_gone():
 def test_a_dead_pid_is_gone():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
-    assert process_is_gone({"host": socket.gethostname(), "pid": child.pid, "started": None}) is True
+    here = {"host": socket.gethostname(), "pidns": pid_namespace()}
+    assert process_is_gone({**here, "pid": child.pid, "started": None}) is True
 
 
 def test_a_reused_pid_is_gone():
@@ -31,5 +32,6 @@ def test_a_reused_pid_is_gone():
 
 def test_other_hosts_and_unknown_starts_are_never_declared_dead():
     assert process_is_gone({**Owner.current().as_dict(), "host": "elsewhere"}) is False
-    assert process_is_gone({"host": socket.gethostname(), "pid": os.getpid(), "started": None}) is False
+    here = {"host": socket.gethostname(), "pidns": pid_namespace()}
+    assert process_is_gone({**here, "pid": os.getpid(), "started": None}) is False
     assert process_is_gone({"host": socket.gethostname(), "pid": "x"}) is False

@@ -212,7 +212,11 @@ class BaseLockBackend(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot look a holder up by id")
 
     def force_release(self, holder_id: str, nodes: Sequence[Node]) -> bool:
-        """Remove holder ``holder_id`` from ``nodes`` whoever owns it; True if it was on all."""
+        """Remove holder ``holder_id`` from ``nodes`` whoever owns it now; True if it was on all.
+
+        Unconditional: a holder renewed or claimed since it was read goes too.
+        The reaper and the admin use :func:`django_esdlock.reaper.release_if_unchanged`.
+        """
         raise NotImplementedError(f"{type(self).__name__} cannot force a release")
 
     def expired_with_intent(self, *, namespace: str | None = None, grace: float = 0.0) -> list[HolderRecord]:
@@ -228,15 +232,18 @@ class BaseLockBackend(abc.ABC):
         recovery: dict[str, Any] | None,
         require_expired: bool = True,
         require_live: bool = False,
+        require_unchanged: bool = False,
     ) -> Grant | None:
         """Hand one holder's records to ``owner`` with a fresh lease and a new fencing token.
 
         Take the arbiter record (the holder's S or X node) first, and only if
         it still has the owner it was read with and, with ``require_expired``,
         its lease ran out (a reaper's takeover) or, with ``require_live``, its
-        lease still runs (a hand-off's claim): of several callers exactly one
-        wins. Keep intent and checkpoint; record ``recovery`` (None: none).
-        Return the grant, or None.
+        lease still runs (a hand-off's claim), and, with ``require_unchanged``,
+        it still has the lease it was read with (``expires_at``, to the
+        millisecond: a renewal since then keeps it): of several callers
+        exactly one wins. Keep intent and checkpoint; record ``recovery``
+        (None: none). Return the grant, or None.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot take a holder over")
 
@@ -283,6 +290,7 @@ class BaseLockBackend(abc.ABC):
         recovery: dict[str, Any] | None,
         require_expired: bool = True,
         require_live: bool = False,
+        require_unchanged: bool = False,
     ) -> Grant | None:
         """Async :meth:`take_over`."""
         call = functools.partial(
@@ -293,6 +301,7 @@ class BaseLockBackend(abc.ABC):
             recovery=recovery,
             require_expired=require_expired,
             require_live=require_live,
+            require_unchanged=require_unchanged,
         )
         return await asyncio.to_thread(call)
 
@@ -354,6 +363,11 @@ def takeover_request(
         intent=arbiter.intent,
     )
     return records, arbiter, request
+
+
+def expires_ms(record: HolderRecord) -> int:
+    """The lease of ``record`` in milliseconds since the epoch, as the stores keep it (``require_unchanged``)."""
+    return round(record.expires_at.timestamp() * 1000)
 
 
 def renew_params(grant: Grant, checkpoint: Any, recovery: Any) -> dict[str, Any]:

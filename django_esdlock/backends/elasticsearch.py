@@ -40,7 +40,7 @@ from ..records import (
 )
 from ..redaction import add_secrets, credential_values, redact, url_secrets
 from . import elasticsearch_scripts as scripts
-from .base import BaseLockBackend, backoff_delay, close_per_loop, renew_params, takeover_request
+from .base import BaseLockBackend, backoff_delay, close_per_loop, expires_ms, renew_params, takeover_request
 
 try:
     import elasticsearch
@@ -56,6 +56,15 @@ logger = logging.getLogger("django_esdlock")
 T = TypeVar("T")
 
 _ALREADY_EXISTS = "resource_already_exists_exception"
+_NOT_FOUND = "index_not_found_exception"
+_TAKEN_BY_OTHERS = frozenset({_ALREADY_EXISTS, "illegal_state_exception", "invalid_alias_name_exception", _NOT_FOUND})
+"""What index creation and alias swaps answer when another process changed the lock index first."""
+
+TOKEN_FLOOR_LIMIT = 2**62
+"""OPTIONS ``token_floor`` stays below this: a token (floor + term * 2**40 + seq_no) must fit a signed long."""
+
+INCARNATION_TRIES = 8
+"""Rounds of looking at a lock index and creating or replacing its concrete index before giving up."""
 
 _OWNER = {
     "properties": {
@@ -65,6 +74,7 @@ _OWNER = {
         "thread_name": {"type": "keyword"},
         "process": {"type": "keyword"},
         "started": {"type": "keyword"},
+        "pidns": {"type": "keyword"},
         "key": {"type": "keyword"},
     }
 }
@@ -108,22 +118,28 @@ MAPPING: dict[str, Any] = {
 
 ADDED_SINCE_VERSION_1 = ("waiting_until",)
 """Fields a lock index of mapping version 1 lacks; setup adds them (adding a field is allowed on a live index)."""
-ADDED_SINCE_VERSION_2 = ("holders.has_intent",)
+ADDED_SINCE_VERSION_2 = ("holders.has_intent", "holders.owner.pidns")
 """Fields a lock index of mapping version 2 lacks (setup adds them too)."""
 UPGRADE_PROPERTIES: dict[str, Any] = {
     "waiting_until": MAPPING["properties"]["waiting_until"],
     "holders": {
         "type": "nested",
-        "properties": {"has_intent": MAPPING["properties"]["holders"]["properties"]["has_intent"]},
+        "properties": {
+            "has_intent": MAPPING["properties"]["holders"]["properties"]["has_intent"],
+            "owner": {"properties": {"pidns": _OWNER["properties"]["pidns"]}},
+        },
     },
 }
 """What setup puts into the mapping of an existing lock index: every field added since version 1 (a no-op when
 the index has them)."""
-PROPERTIES_OF_VERSION_2 = {
+PROPERTIES_OF_VERSION_2: dict[str, Any] = {
     **MAPPING["properties"],
     "holders": {
         **MAPPING["properties"]["holders"],
-        "properties": {k: v for k, v in MAPPING["properties"]["holders"]["properties"].items() if k != "has_intent"},
+        "properties": {
+            **{k: v for k, v in MAPPING["properties"]["holders"]["properties"].items() if k != "has_intent"},
+            "owner": {"properties": {k: v for k, v in _OWNER["properties"].items() if k != "pidns"}},
+        },
     },
 }
 PROPERTIES_OF_VERSION_1 = {k: v for k, v in PROPERTIES_OF_VERSION_2.items() if k not in ADDED_SINCE_VERSION_1}
@@ -293,18 +309,43 @@ def _note_full(outcome: AcquireOutcome, node: Node, source: Mapping[str, Any] | 
 TOKEN_TERM_SHIFT = 40
 """Bits of a fencing token below the primary term: the ``_seq_no`` part (see :func:`_token`)."""
 
+INCARNATION_MARK = ".floor-"
+"""A lock index is an alias of one concrete index named ``<alias>.floor-<token floor>`` (see :func:`incarnation`)."""
+
+
+def incarnation(alias: str, floor: int) -> str:
+    """Return the name of the concrete lock index behind ``alias`` whose tokens all exceed ``floor``."""
+    return f"{alias}{INCARNATION_MARK}{floor}"
+
+
+def token_floor_of(index: str) -> int:
+    """Return the token floor of concrete lock index ``index`` (0 for an index not named by :func:`incarnation`)."""
+    _, mark, digits = index.rpartition(INCARNATION_MARK)
+    return int(digits) if mark and digits.isdigit() else 0
+
 
 def _token(body: Mapping[str, Any]) -> int:
-    """Return the fencing token of a write: its primary term times 2**40, plus its ``_seq_no`` plus one.
+    """Return the fencing token of a write: its index's floor + its primary term * 2**40 + its ``_seq_no`` + 1.
 
     A one-shard index's history is ordered by (primary term, sequence number):
     a new primary continues the sequence under a higher term, and a primary
     an operator forces empty (``allocate_empty_primary``) starts the sequence
     again from 0, also under a higher term. With the term above the sequence,
     tokens keep increasing through both (while the index has written fewer
-    than 2**40 operations). Deleting and recreating the index restarts them.
+    than 2**40 operations). A lock index that is lost is recreated under a
+    new name whose floor is at least every token this process saw and
+    OPTIONS ``token_floor``: tokens keep increasing through that too.
     """
-    return (int(body.get("_primary_term") or 1) << TOKEN_TERM_SHIFT) + int(body["_seq_no"]) + 1
+    raw = (int(body.get("_primary_term") or 1) << TOKEN_TERM_SHIFT) + int(body["_seq_no"]) + 1
+    return token_floor_of(str(body.get("_index") or "")) + raw
+
+
+def _written_token(body: Mapping[str, Any]) -> int | None:
+    """Return the token position of a write that reached its shard (None for a no-op or a failure)."""
+    seq_no, term = body.get("_seq_no"), body.get("_primary_term")
+    if not isinstance(seq_no, int) or not isinstance(term, int) or seq_no < 0 or term < 1:
+        return None
+    return _token(body)
 
 
 def _merge(first: AcquireOutcome, second: AcquireOutcome) -> AcquireOutcome:
@@ -535,6 +576,43 @@ def _hit_records(hit: Mapping[str, Any], keep: Callable[[Mapping[str, Any]], boo
     return _records(hit["_source"], [h for h in holders if keep is None or keep(h)])
 
 
+def _body(response: Any) -> dict[str, Any]:
+    """Return a client response as a plain dict."""
+    return dict(getattr(response, "body", response) or {})
+
+
+def _version(info: Mapping[str, Any]) -> tuple[int, int]:
+    """Return (major, minor) of the cluster's version from its root answer ((0, 0) if unreadable)."""
+    number = str((info.get("version") or {}).get("number") or "")
+    parts = number.split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        return 0, 0
+
+
+def _error_type(error: LockBackendUnavailable) -> str | None:
+    """Return the Elasticsearch error type behind ``error`` (``index_not_found_exception``, ...), if any."""
+    cause = error.__cause__
+    return getattr(cause, "error", None) if isinstance(cause, elasticsearch.ApiError) else None
+
+
+def _is_lock_mapping(mappings: Mapping[str, Any]) -> bool:
+    """Return whether ``mappings`` are django-esdlock's (of any version): its ``_meta`` says so."""
+    return "django_esdlock" in (mappings.get("_meta") or {})
+
+
+def _auto_created(mappings: Mapping[str, Any]) -> bool:
+    """Return whether ``mappings`` are those of an index a lock write created by itself (dynamic, lock fields)."""
+    dynamic = mappings.get("dynamic", True) in (True, "true")
+    return dynamic and set(mappings.get("properties") or {}) <= set(MAPPING["properties"])
+
+
+def _add_alias(index: str, alias: str) -> dict[str, Any]:
+    """The alias action that makes ``index`` the one index ``alias`` writes to (refused if another one is)."""
+    return {"add": {"index": index, "alias": alias, "is_write_index": True}}
+
+
 @dataclasses.dataclass(frozen=True)
 class _Api:
     """A client call to make: ``client.<name>(**kwargs)``, the name dotted for namespaces (``indices.create``)."""
@@ -676,10 +754,17 @@ class ElasticsearchLockBackend(BaseLockBackend):
     ``namespace_indices`` (namespace -> lock index, ahead of the hash),
     ``max_holders_per_node`` (the most holders one lock node keeps; a node
     that keeps that many refuses newcomers as a conflict would, until holders
-    leave; default 10,000, Elasticsearch's ``index.mapping.nested_objects.limit``) and
-    any keyword of ``elasticsearch.Elasticsearch`` (``basic_auth``,
-    ``api_key``, ``ca_certs``, ``verify_certs``, ``request_timeout``, ...),
-    passed through to the client.
+    leave; default 10,000, Elasticsearch's ``index.mapping.nested_objects.limit``),
+    ``token_floor`` (every fencing token exceeds it: see "Restoring a lock
+    store" in the README; default 0) and any keyword of
+    ``elasticsearch.Elasticsearch`` (``basic_auth``, ``api_key``,
+    ``ca_certs``, ``verify_certs``, ``request_timeout``, ...), passed through
+    to the client.
+
+    Each lock index is an alias of one concrete index,
+    ``<index>.floor-<floor>``, whose tokens all exceed its floor; a lost one
+    is recreated above every token this process saw (see
+    :meth:`_lock_index_steps`).
 
     Credentials (user info in a host, ``basic_auth``, ``api_key``,
     ``bearer_auth``, an Authorization header) go only to https hosts:
@@ -713,6 +798,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         max_holders_per_node: int = NESTED_OBJECTS_LIMIT,
         namespace_indices: Mapping[str, str] | None = None,
         allow_plain_http_credentials: bool | str = False,
+        token_floor: int | str = 0,
         **client_options: Any,
     ) -> None:
         super().__init__(ttl=ttl)
@@ -755,6 +841,13 @@ class ElasticsearchLockBackend(BaseLockBackend):
             raise ImproperlyConfigured(
                 f"ElasticsearchLockBackend OPTIONS['index_count'] must be an int >= 1, not {index_count!r}"
             )
+        if isinstance(token_floor, str) and token_floor.strip().isdigit():
+            token_floor = int(token_floor)
+        if type(token_floor) is not int or not 0 <= token_floor < TOKEN_FLOOR_LIMIT:
+            raise ImproperlyConfigured(
+                f"ElasticsearchLockBackend OPTIONS['token_floor'] must be an int from 0 to 2**62, not {token_floor!r}"
+            )
+        self.token_floor = token_floor
         self.hosts = host_list
         self.index = index
         self.number_of_replicas = number_of_replicas
@@ -772,13 +865,22 @@ class ElasticsearchLockBackend(BaseLockBackend):
         """``wait_for_active_shards`` as sent: resolved from "auto" when the lock indices are set up."""
         self.client_options = client_options
         self._index_ready = False
+        self._per_item_alias: bool | None = None
+        """Whether ``_bulk`` action lines may say ``require_alias`` (Elasticsearch 7.10 and later)."""
+        self._current: dict[str, str] = {}
+        """lock index (an alias) -> the concrete index this process writes to through it (itself, if legacy)."""
+        self._current_high: dict[str, int] = {}
+        """lock index -> the highest token position this process saw written in its current concrete index."""
+        self._past_high: dict[str, int] = {}
+        """lock index -> the highest token position this process saw written in its earlier concrete indices."""
         self._client: elasticsearch.Elasticsearch | None = None
         self._client_pid: int | None = None
         self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, elasticsearch.AsyncElasticsearch] = (
             weakref.WeakKeyDictionary()
         )
-        self._sole: dict[str, dict[str, tuple[int, int]]] = {}
-        """holder id -> node id -> (seq_no, primary_term) of our last write, where it left that holder alone."""
+        self._sole: dict[str, dict[str, tuple[int, int, str]]] = {}
+        """holder id -> node id -> (seq_no, primary_term, concrete index) of our last write, where it left that
+        holder alone."""
         self._sole_lock = ForkSafeLock()
         self._existing: dict[str, None] = {}
         """Ids of nodes lately found existing, oldest first (a hint: a wrong one costs a round trip)."""
@@ -956,29 +1058,251 @@ class ElasticsearchLockBackend(BaseLockBackend):
         return self._run(self._call_steps(action, api, retry_for=retry_for))
 
     def setup(self) -> None:
-        """Create the lock index with its strict mapping unless it exists."""
+        """Create each lock index (an alias of one concrete index with the strict mapping) unless it exists."""
         self._run(self._setup_steps())
 
     def _setup_steps(self) -> Steps[None]:
         if self._active_shards is None:
             self._active_shards = yield from self._active_shards_steps()
-        for index in self.lock_indices:
-            if (yield from self._call_steps("look up the lock index", _Api("indices.exists", {"index": index}))):
-                # An index of an older release gains the fields it lacks (a no-op when it has them).
-                upgrade = _Api(
-                    "indices.put_mapping", {"index": index, "properties": UPGRADE_PROPERTIES, "meta": MAPPING["_meta"]}
-                )
-                yield from self._call_steps("add the new fields to the lock index", upgrade)
-                continue
-            body = {"index": index, "settings": self._index_settings(), "mappings": MAPPING}
-            create = _Api("indices.create", {**body, "wait_for_active_shards": self._active_shards})
-            try:
-                yield from self._call_steps("create the lock index", create)
-            except LockBackendUnavailable as e:
-                cause = e.__cause__
-                if not (isinstance(cause, elasticsearch.BadRequestError) and cause.error == _ALREADY_EXISTS):
-                    raise
+        if self._per_item_alias is None:
+            info = yield from self._call_steps("read the cluster's version", _Api("info", {}))
+            self._per_item_alias = _version(_body(info)) >= (7, 10)
+        for alias in self.lock_indices:
+            yield from self._lock_index_steps(alias)
         self._index_ready = True
+
+    # --- the lock index: an alias of its incarnation ---------------------------------
+    #
+    # Every write goes through the alias (with ``require_alias`` where the cluster
+    # takes it), and every answer names the concrete index it landed in: an answer
+    # from an index that is not the alias's incarnation (an index auto-created by a
+    # write after the lock index was deleted, on clusters before 7.10) or a missing
+    # alias sends the backend here, and the write is sent again. See the README,
+    # "Restoring a lock store".
+
+    def _floor_for(self, alias: str, concrete: str | None) -> int:
+        """The token floor ``concrete`` (None: a new index) must have for this process to write to it.
+
+        Every token this process saw in other incarnations of ``alias``, and OPTIONS
+        ``token_floor``: a token of ``concrete`` must exceed them.
+        """
+        with self._sole_lock:
+            floor = max(self.token_floor, self._past_high.get(alias, 0))
+            if concrete is None or concrete != self._current.get(alias):
+                floor = max(floor, self._current_high.get(alias, 0))
+            return floor
+
+    def _adopt(self, alias: str, concrete: str) -> None:
+        """Write to ``concrete`` through ``alias`` from now on."""
+        with self._sole_lock:
+            if self._current.get(alias) == concrete:
+                return
+            if alias in self._current:
+                self._past_high[alias] = max(self._past_high.get(alias, 0), self._current_high.get(alias, 0))
+            self._current[alias] = concrete
+            self._current_high[alias] = 0
+
+    def _forget(self, alias: str, concrete: str) -> None:
+        """Stop trusting ``concrete``: it went back (recreated or restored under its name); what it gave is past."""
+        with self._sole_lock:
+            if self._current.get(alias) == concrete:
+                self._past_high[alias] = max(self._past_high.get(alias, 0), self._current_high.get(alias, 0))
+                del self._current[alias]
+                self._current_high[alias] = 0
+
+    def _misplaced(
+        self, action: Mapping[str, Any], item: Mapping[str, Any], sent: Mapping[str, tuple[str, int]]
+    ) -> bool:
+        """Return True if the ``_bulk`` item of ``action`` did not land in its lock index's incarnation.
+
+        ``sent`` is, per lock index, the concrete index and the highest token
+        position this process had seen answered there when the item was sent:
+        a write sent after that answer comes later in the index's history,
+        so a lower position means the index is not the one it was (deleted and
+        created again, or restored from a snapshot, under the same name). An
+        answer from another incarnation whose floor this process may accept
+        (another process recreated the lock index) is adopted instead.
+        """
+        ((_, header),) = action.items()
+        body = next(iter(item.values()))
+        alias, concrete = header["_index"], body.get("_index")
+        with self._sole_lock:
+            current = self._current.get(alias)
+        error = body.get("error")
+        if error:
+            if isinstance(error, Mapping) and error.get("type") == _NOT_FOUND:
+                return True
+            # Elasticsearch before 7.10 creates a missing index even for a write that then fails (an update
+            # of a document that is not there): the answer comes from that index, named like the alias.
+            return concrete == alias and current != alias
+        if not isinstance(concrete, str):
+            return False
+        if concrete != current:
+            if concrete == alias or token_floor_of(concrete) < self._floor_for(alias, concrete):
+                return True
+            self._adopt(alias, concrete)
+        written = _written_token(body) if body.get("result") in ("created", "updated", "deleted") else None
+        if written is None:
+            return False
+        sent_to, seen = sent.get(alias, ("", 0))
+        if concrete == sent_to and written <= seen:
+            logger.warning(
+                "lock index %s (%s) went back: a write got token position %d after %d was answered; replacing it",
+                alias,
+                concrete,
+                written,
+                seen,
+            )
+            self._forget(alias, concrete)
+            return True
+        with self._sole_lock:
+            if self._current.get(alias) == concrete:
+                self._current_high[alias] = max(self._current_high.get(alias, 0), written)
+        return False
+
+    def _lock_index_steps(self, alias: str) -> Steps[None]:
+        """Make ``alias`` name a lock index this process may write to, creating or replacing its incarnation.
+
+        Missing: create ``<alias>.floor-<floor>`` with the alias. An index whose
+        floor is below what this process must honour (:meth:`_floor_for`), or an
+        index named like the alias that a write auto-created, is replaced: the
+        alias moves to a new incarnation in one atomic alias change that also
+        deletes the old index, so of several processes doing it exactly one
+        does. A concrete index named like the alias with the lock mapping (made
+        by an earlier release) is used as it is (see check W008).
+        """
+        for _ in range(INCARNATION_TRIES):
+            lookup = _Api("indices.get_mapping", {"index": alias}, options={"ignore_status": 404})
+            found = _body((yield from self._call_steps("look up the lock index", lookup)))
+            indices = {
+                name: v.get("mappings") or {} for name, v in found.items() if isinstance(v, Mapping) and "mappings" in v
+            }
+            if not indices:
+                if (yield from self._create_incarnation_steps(alias)):
+                    return
+                continue
+            if len(indices) > 1:
+                raise LockBackendUnavailable(
+                    f"Elasticsearch lock index {alias!r} is an alias of several indices ({', '.join(sorted(indices))}) "
+                    f"({self.describe()}): it must name exactly one; remove the others from the alias"
+                )
+            ((concrete, mappings),) = indices.items()
+            if not _is_lock_mapping(mappings):
+                if concrete == alias and _auto_created(mappings):
+                    yield from self._replace_steps(alias, concrete)
+                    continue
+                raise LockBackendUnavailable(
+                    f"Elasticsearch index {concrete!r} is not a lock index ({self.describe()}): "
+                    "point OPTIONS['index'] at another name"
+                )
+            floor = 0 if concrete == alias else token_floor_of(concrete)
+            if floor >= self._floor_for(alias, concrete):
+                yield from self._upgrade_steps(concrete, mappings)
+                self._adopt(alias, concrete)
+                return
+            yield from self._replace_steps(alias, concrete)
+        raise LockBackendUnavailable(
+            f"Elasticsearch lock index {alias!r} kept changing while it was being set up ({self.describe()})"
+        )
+
+    def _create_incarnation_steps(self, alias: str) -> Steps[bool]:
+        """Create the first (or next) incarnation of a missing ``alias``; False if another process got there first."""
+        floor = self._floor_for(alias, None)
+        name = incarnation(alias, floor)
+        body = {"index": name, "settings": self._index_settings(), "mappings": MAPPING}
+        create = _Api(
+            "indices.create",
+            {**body, "aliases": {alias: {"is_write_index": True}}, "wait_for_active_shards": self._active_shards},
+        )
+        try:
+            yield from self._call_steps("create the lock index", create)
+        except LockBackendUnavailable as e:
+            if _error_type(e) != _ALREADY_EXISTS:
+                if _error_type(e) in _TAKEN_BY_OTHERS:
+                    return False
+                raise
+            # Ours by its name, but without the alias (a replacement that did not finish): give it the alias.
+            add = _Api("indices.update_aliases", {"actions": [_add_alias(name, alias)]})
+            try:
+                yield from self._call_steps("name the lock index", add)
+            except LockBackendUnavailable as e:
+                if _error_type(e) in _TAKEN_BY_OTHERS:
+                    return False
+                raise
+        self._adopt(alias, name)
+        with self._sole_lock:
+            recreated = self._past_high.get(alias, 0) or self._current_high.get(alias, 0)
+        if recreated or floor:
+            logger.warning("created lock index %s as %s: every token exceeds %d", alias, name, floor)
+        return True
+
+    def _replace_steps(self, alias: str, old: str) -> Steps[None]:
+        """Move ``alias`` from concrete index ``old`` to a new incarnation and delete ``old``, atomically.
+
+        The alias change fails if ``old`` is gone (another process replaced it
+        first): the new index is then deleted, unless it is the one the alias names.
+        """
+        floor = self._floor_for(alias, None)
+        name = incarnation(alias, floor)
+        body = {"index": name, "settings": self._index_settings(), "mappings": MAPPING}
+        created = True
+        try:
+            yield from self._call_steps(
+                "create the lock index", _Api("indices.create", {**body, "wait_for_active_shards": self._active_shards})
+            )
+        except LockBackendUnavailable as e:
+            if _error_type(e) != _ALREADY_EXISTS:
+                raise
+            created = False
+        swap = _Api("indices.update_aliases", {"actions": [{"remove_index": {"index": old}}, _add_alias(name, alias)]})
+        try:
+            yield from self._call_steps("replace the lock index", swap)
+        except LockBackendUnavailable as e:
+            if _error_type(e) not in _TAKEN_BY_OTHERS:
+                raise
+            if created:
+                lookup = _Api("indices.get_alias", {"name": alias}, options={"ignore_status": 404})
+                if name not in _body((yield from self._call_steps("look up the lock index", lookup))):
+                    drop = _Api("indices.delete", {"index": name}, options={"ignore_status": 404})
+                    yield from self._call_steps("delete an unused lock index", drop)
+            return
+        logger.warning(
+            "replaced lock index %s (%s, tokens not above %d) by %s: every token exceeds %d; holders it kept are lost",
+            alias,
+            old,
+            floor,
+            name,
+            floor,
+        )
+        self._adopt(alias, name)
+
+    def _upgrade_steps(self, concrete: str, mappings: Mapping[str, Any]) -> Steps[None]:
+        """Add the fields of this release to a lock index of an earlier one (adding fields is allowed live)."""
+        version = ((mappings.get("_meta") or {}).get("django_esdlock") or {}).get("mapping_version")
+        if isinstance(version, int) and version >= MAPPING_VERSION:
+            return
+        upgrade = _Api(
+            "indices.put_mapping", {"index": concrete, "properties": UPGRADE_PROPERTIES, "meta": MAPPING["_meta"]}
+        )
+        yield from self._call_steps("add the new fields to the lock index", upgrade)
+
+    def concrete_indices(self) -> dict[str, str]:
+        """Return each concrete lock index and the lock index (alias) it serves: the names to back up or delete."""
+        found: dict[str, str] = {}
+        for alias in self.lock_indices:
+            lookup = _Api("indices.get_mapping", {"index": alias}, options={"ignore_status": 404})
+            for name, value in _body(self._call("look up the lock index", lookup)).items():
+                if isinstance(value, Mapping) and "mappings" in value:
+                    found[name] = alias
+        return found
+
+    def delete_indices(self) -> None:
+        """Delete every lock index with the concrete index behind it (tests and tools): every lock there is lost."""
+        for name in self.concrete_indices():
+            drop = _Api("indices.delete", {"index": name}, options={"ignore_status": 404})
+            self._call("delete the lock index", drop)
+        with self._sole_lock:
+            self._index_ready = False
 
     def _active_shards_steps(self) -> Steps[int | str]:
         """Resolve ``wait_for_active_shards``: "auto" is a majority of the copies the cluster's data nodes keep."""
@@ -1030,21 +1354,29 @@ class ElasticsearchLockBackend(BaseLockBackend):
         it turned away, with backoff, for ``retry_for`` seconds (see
         :meth:`_call`); items still busy then come back as they were answered.
         ``deadline`` bounds every send (see :meth:`_call_steps`).
+        Items that did not land in their lock index's incarnation (it was
+        deleted or replaced) are sent again once the lock index is settled
+        (:meth:`_lock_index_steps`): no answer from elsewhere is returned.
         """
         if not operations:
             return []  # a bulk without a body is a 400
+        # Every write knows the lock index's incarnation and whether the cluster takes require_alias.
+        yield from self._ensure_index_steps()
         lines = _item_lines(operations)
         items: list[dict[str, Any]] = [{}] * len(lines)
         pending = list(range(len(lines)))
         busy_until = time.monotonic() + (self.busy_retry if retry_for is None else retry_for)
         if self._active_shards is None:
             self._active_shards = yield from self._active_shards_steps()
+        repairs = 0
         for attempt in itertools.count():
             write_timeout = self.write_timeout
             if deadline is not None:  # the shard copies' wait must end before the request's
                 write_timeout = max(0.001, min(write_timeout, deadline - time.monotonic()))
             durability = {"wait_for_active_shards": self._active_shards, "timeout": f"{round(write_timeout * 1000)}ms"}
-            batch = [line for i in pending for line in lines[i]]
+            batch = [line for i in pending for line in self._aliased(lines[i])]
+            with self._sole_lock:
+                sent = {a: (c, self._current_high.get(a, 0)) for a, c in self._current.items()}
             answer = yield from self._call_steps(
                 action,
                 _Api("bulk", {"operations": batch, **durability}),
@@ -1055,12 +1387,40 @@ class ElasticsearchLockBackend(BaseLockBackend):
             answered = answer["items"]
             for i, item in zip(pending, answered, strict=True):
                 items[i] = _under_replicated(item, self._required_copies)
-            pending = [i for i in pending if _busy(items[i])]
+            misplaced = [i for i in pending if self._misplaced(lines[i][0], items[i], sent)]
+            pending = [i for i in pending if _busy(items[i]) or i in misplaced]
+            if misplaced:
+                # The lock index is gone or was replaced: settle it, then send those items again.
+                if repairs >= INCARNATION_TRIES:
+                    where = {next(iter(lines[i][0].values()))["_index"] for i in misplaced}
+                    raise LockBackendUnavailable(
+                        f"Elasticsearch failed to {action}: lock index {', '.join(sorted(where))} keeps "
+                        f"disappearing ({self.describe()})"
+                    )
+                repairs += 1
+                for alias in sorted({next(iter(lines[i][0].values()))["_index"] for i in misplaced}):
+                    yield from self._lock_index_steps(alias)
+                continue
             delay = backoff_delay(attempt, cap=BUSY_BACKOFF_CAP)
             if not pending or time.monotonic() + delay > min(busy_until, math.inf if deadline is None else deadline):
                 return items
             yield _Pause(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _aliased(self, item_lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Return one item's ``_bulk`` lines, its action line saying ``require_alias`` where the cluster takes it.
+
+        Then a write to a lock index that is gone fails (404) instead of
+        creating an index with a dynamic mapping. Not for a concrete index of an
+        earlier release (named like the lock index): it is no alias.
+        """
+        verb, header = next(iter(item_lines[0].items()))
+        alias = header["_index"]
+        with self._sole_lock:
+            legacy = self._current.get(alias) == alias
+        if not self._per_item_alias or legacy:
+            return item_lines
+        return [{verb: {**header, "require_alias": True}}, *item_lines[1:]]
 
     # --- the primitive ------------------------------------------------------
 
@@ -1216,7 +1576,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         for node, item in written:
             body = next(iter(item.values()))
             if body.get("result") == "created":
-                versions[node.id] = (body["_seq_no"], body["_primary_term"])
+                versions[node.id] = (body["_seq_no"], body["_primary_term"], body["_index"])
         if not versions:
             return
         with self._sole_lock:
@@ -1235,7 +1595,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
                 source = body.get("get", {}).get("_source") or {}
                 holder_ids = [h.get("id") for h in source.get("holders") or ()]
                 if body.get("result") == "updated" and holder_ids == [holder_id] and not _markers(source):
-                    versions[node.id] = (body["_seq_no"], body["_primary_term"])
+                    versions[node.id] = (body["_seq_no"], body["_primary_term"], body["_index"])
                 else:
                     versions.pop(node.id, None)
 
@@ -1282,8 +1642,14 @@ class ElasticsearchLockBackend(BaseLockBackend):
         return min(self.marker_ttl / 3, self.queued_poll_cap * 2 ** min(ahead, 16))
 
     def _forget_sole(self, holder_id: str) -> dict[str, tuple[int, int]]:
+        """Return the conditional-delete facts of ``holder_id`` that are of the current incarnations, and forget all.
+
+        A ``_seq_no`` means nothing in another concrete index: the numbers start over.
+        """
         with self._sole_lock:
-            return self._sole.pop(holder_id, {})
+            facts = self._sole.pop(holder_id, {})
+            current = set(self._current.values())
+        return {node_id: (seq_no, term) for node_id, (seq_no, term, index) in facts.items() if index in current}
 
     def withdraw(self, request: LockRequest) -> None:
         self._run(self._withdraw_steps(request))
@@ -1630,8 +1996,16 @@ class ElasticsearchLockBackend(BaseLockBackend):
         ]
         if not chosen:
             return []
+        self._run(self._ensure_index_steps())
+        with self._sole_lock:
+            current = set(self._current.values())
+        # Through the alias, and only from the incarnation it names: sequence numbers start over in another.
+        chosen = [hit for hit in chosen if hit["_index"] in current]
         operations = [
-            self._delete_unchanged(hit["_index"], hit["_id"], hit["_seq_no"], hit["_primary_term"]) for hit in chosen
+            self._delete_unchanged(
+                self.index_of(hit["_source"]["namespace"]), hit["_id"], hit["_seq_no"], hit["_primary_term"]
+            )
+            for hit in chosen
         ]
         items = self._bulk(operations, "evict expired holders")
         return [
@@ -1660,7 +2034,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
             left = {h["id"] for h in source.get("holders") or ()}
             evicted.extend(r for r in records if r.holder_id not in left)
             if not left and not _markers(source):
-                emptied.append(self._delete_unchanged(body["_index"], node.id, body["_seq_no"], body["_primary_term"]))
+                index = self.index_of(node.namespace)
+                emptied.append(self._delete_unchanged(index, node.id, body["_seq_no"], body["_primary_term"]))
         if emptied:
             self._bulk(emptied, "delete emptied lock nodes")  # a 409 means someone took the node since: keep it
         return evicted
@@ -1737,6 +2112,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         recovery: dict[str, Any] | None,
         require_expired: bool = True,
         require_live: bool = False,
+        require_unchanged: bool = False,
     ) -> Grant | None:
         records, arbiter, request = takeover_request(
             records, owner, ttl, require_expired=require_expired, require_live=require_live
@@ -1750,12 +2126,19 @@ class ElasticsearchLockBackend(BaseLockBackend):
             "require_live": require_live,
         }
 
-        def operations(batch: Sequence[HolderRecord], expected_owner_key: str | None) -> list[dict[str, Any]]:
-            script_params = {**params, "expected_owner_key": expected_owner_key}
+        def operations(
+            batch: Sequence[HolderRecord], expected_owner_key: str | None, expected_expires_at: int | None = None
+        ) -> list[dict[str, Any]]:
+            script_params = {
+                **params,
+                "expected_owner_key": expected_owner_key,
+                "expected_expires_at": expected_expires_at,
+            }
             return [op for r in batch for op in self._scripted(r.node, scripts.TAKE_OVER, script_params)]
 
         # The arbiter alone first: whoever updates it owns the recovery.
-        (item,) = self._bulk(operations([arbiter], arbiter.owner.get("key")), "take a holder over")
+        lease = expires_ms(arbiter) if require_unchanged else None
+        (item,) = self._bulk(operations([arbiter], arbiter.owner.get("key"), lease), "take a holder over")
         if item["update"].get("result") != "updated":
             return None
         token = _token(item["update"])
@@ -1794,19 +2177,18 @@ class ElasticsearchLockBackend(BaseLockBackend):
             ]
         errors = []
         for index, (mapping, settings) in found.items():
-            actual = next(iter(mapping.values()))["mappings"]
+            concrete, body = next(iter(mapping.items()))
+            actual = body["mappings"]
             properties = actual.get("properties")
-            earlier = {
-                "waiting markers or intents": (PROPERTIES_OF_VERSION_1, ADDED_SINCE_VERSION_1 + ADDED_SINCE_VERSION_2),
-                "intents": (PROPERTIES_OF_VERSION_2, ADDED_SINCE_VERSION_2),
-            }
-            lacking = next((k for k, (props, _) in earlier.items() if properties == props), None)
+            earlier = {1: ADDED_SINCE_VERSION_1 + ADDED_SINCE_VERSION_2, 2: ADDED_SINCE_VERSION_2}
+            version = {1: PROPERTIES_OF_VERSION_1, 2: PROPERTIES_OF_VERSION_2}
+            lacking = next((earlier[v] for v, props in version.items() if properties == props), None)
             if lacking is not None and actual.get("dynamic") == "strict":
                 errors.append(
                     checks.Warning(
                         f"Elasticsearch index {index!r} has the lock mapping of an earlier release.",
-                        hint=f"The backend adds {', '.join(earlier[lacking][1])} at its first use; until then "
-                        f"processes of this release cannot leave {lacking} there.",
+                        hint=f"The backend adds {', '.join(lacking)} at its first use; until then "
+                        "processes of this release cannot write there.",
                         id="django_esdlock.W006",
                     )
                 )
@@ -1816,6 +2198,27 @@ class ElasticsearchLockBackend(BaseLockBackend):
                         f"Elasticsearch index {index!r} has a mapping that is not django-esdlock's lock mapping.",
                         hint="Point OPTIONS['index'] at a new index name, or delete the index when no lock is held.",
                         id="django_esdlock.E003",
+                    )
+                )
+            if concrete == index:
+                errors.append(
+                    checks.Warning(
+                        f"Elasticsearch lock index {index!r} is an index of an earlier release, not an alias: "
+                        "if it is lost, fencing tokens may go back.",
+                        hint="When no lock is held, delete it (the backend then creates the alias and its index), or "
+                        "set OPTIONS['token_floor'] above the highest token given out: the next process replaces "
+                        "it (see 'Restoring a lock store' in the README).",
+                        id="django_esdlock.W008",
+                    )
+                )
+            elif token_floor_of(concrete) < self.token_floor:
+                errors.append(
+                    checks.Warning(
+                        f"Elasticsearch lock index {index!r} gives tokens above {token_floor_of(concrete)}, below "
+                        f"OPTIONS['token_floor'] {self.token_floor}.",
+                        hint="The next process of these settings that writes replaces it by one above the floor "
+                        "(its holders are lost then).",
+                        id="django_esdlock.W009",
                     )
                 )
             index_settings = next(iter(settings.values()))["settings"]["index"]

@@ -379,7 +379,9 @@ TAKE_OVER = """
 // params.expected_owner_key set (the arbiter node, taken first) only a holder
 // still owned by that key qualifies, and with params.require_expired only an
 // expired one (a reaper's), with params.require_live only a live one (a
-// hand-off's claim): of two callers racing exactly one wins; a no-op otherwise.
+// hand-off's claim), with params.expected_expires_at only one whose lease is
+// still that one (not renewed since it was read: a forced release): of two
+// callers racing exactly one wins; a no-op otherwise.
 long now = ctx._now;
 List kept = new ArrayList();
 boolean taken = false;
@@ -389,6 +391,10 @@ for (def h : ctx._source.holders) {
   if (qualifies && params.expected_owner_key != null) {
     qualifies = h.owner.key == params.expected_owner_key && (expiresAt <= now || !params.require_expired)
       && (expiresAt > now || !params.require_live);
+  }
+  if (qualifies && params.expected_expires_at != null) {
+    long expected = params.expected_expires_at;
+    qualifies = expiresAt == expected;
   }
   if (qualifies) {
     Map copy = new HashMap();

@@ -61,8 +61,7 @@ def scale_out(
                 )
                 pool.forget(config)
             finally:
-                for index in backend.lock_indices:
-                    backend.client.options(ignore_status=404).indices.delete(index=index)
+                backend.delete_indices()
                 backend.close()
     finally:
         pool.close()

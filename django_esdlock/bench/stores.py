@@ -33,8 +33,8 @@ def elasticsearch_store(url: str) -> Iterator[dict[str, Any]]:
         backend = load_backend(config)
         try:
             # One by one, no wildcard: clusters may refuse wildcard deletes (action.destructive_requires_name).
-            for name in (index, f"{index}-naive"):
-                backend.client.options(ignore_status=404).indices.delete(index=name)
+            backend.delete_indices()
+            backend.client.options(ignore_status=404).indices.delete(index=f"{index}-naive")
         finally:
             backend.close()
 

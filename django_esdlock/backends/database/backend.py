@@ -37,7 +37,7 @@ from ...forks import ForkSafeLock
 from ...modes import Mode
 from ...records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner, WaitState
 from ...redaction import add_secrets, redact, url_secrets
-from ..base import BaseLockBackend, backoff_delay, close_per_loop, takeover_request
+from ..base import BaseLockBackend, backoff_delay, close_per_loop, expires_ms, takeover_request
 from . import listener
 from .aio import LoopSessions
 from .common import Dialect, decode_cursor, encode_cursor, json_text, record, takeover_params, waiter
@@ -117,7 +117,9 @@ class DatabaseLockBackend(BaseLockBackend):
     """Locks in the tables of a SQL database (``esdlock_*``, made by ``migrate`` or on first use).
 
     OPTIONS: exactly one of ``using`` (a ``DATABASES`` alias) or ``url`` (a
-    ``postgres://`` or ``sqlite:///`` URL, as django-environ reads it).
+    ``postgres://`` or ``sqlite:///`` URL, as django-environ reads it);
+    ``token_floor``: every fencing token exceeds it (after a restore that
+    rewound the token counter: see "Restoring a lock store" in the README).
     PostgreSQL and SQLite are supported. Lock state lives on connections of
     the backend's own, one per thread, in autocommit (with short explicit
     transactions where the dialect needs them): never on the caller's
@@ -131,19 +133,28 @@ class DatabaseLockBackend(BaseLockBackend):
         using: str | None = None,
         url: str | None = None,
         async_sessions: int = ASYNC_SESSIONS,
+        token_floor: int | str = 0,
         **options: Any,
     ) -> None:
         super().__init__(ttl=ttl)
         if options:
             raise ImproperlyConfigured(
                 f"DatabaseLockBackend got unknown OPTIONS {', '.join(sorted(options))}; "
-                "use 'using' or 'url' (and 'async_sessions')"
+                "use 'using' or 'url' (and 'async_sessions', 'token_floor')"
             )
         if isinstance(async_sessions, bool) or not isinstance(async_sessions, int) or async_sessions < 1:
             raise ImproperlyConfigured(
                 f"DatabaseLockBackend OPTIONS['async_sessions'] must be a positive integer, not {async_sessions!r}"
             )
         self.async_sessions = async_sessions
+        if isinstance(token_floor, str) and token_floor.strip().isdigit():
+            token_floor = int(token_floor)
+        if type(token_floor) is not int or not 0 <= token_floor < 2**62:
+            raise ImproperlyConfigured(
+                f"DatabaseLockBackend OPTIONS['token_floor'] must be an int from 0 to 2**62, not {token_floor!r}"
+            )
+        self.token_floor = token_floor
+        self._floor_raised = not token_floor
         if (using is None) == (url is None):
             raise ImproperlyConfigured("DatabaseLockBackend needs exactly one of OPTIONS 'using' (an alias) or 'url'")
         self.using = using
@@ -450,7 +461,28 @@ class DatabaseLockBackend(BaseLockBackend):
 
     # --- the primitive ------------------------------------------------------
 
+    def _raise_token_floor(self) -> None:
+        """Before this backend's first grant: make the token counter give only tokens above OPTIONS ``token_floor``.
+
+        After a restore that rewound the counter (see "Restoring a lock store"
+        in the README). Once per backend: the counter only grows from then.
+        """
+        if self._floor_raised:
+            return
+        self._floor_raised = True  # first: the _run below must not come back here
+        work = functools.partial(self.dialect.raise_token_floor, floor=self.token_floor)
+        try:
+            raised = self._run("raise the token floor", work, transaction=not self.dialect.atomic_calls)
+        except BaseException:
+            self._floor_raised = False
+            raise
+        if raised:
+            logger.warning(
+                "raised the fencing token counter of %s to OPTIONS token_floor %d", self.describe(), self.token_floor
+            )
+
     def acquire(self, request: LockRequest) -> Grant | None:
+        self._raise_token_floor()
         nodes = sorted(dict(request.targets), key=lambda node: node.id)
         work = functools.partial(self.dialect.acquire, request=request, nodes=nodes, marker_ttl_ms=self.marker_ttl_ms)
         try:
@@ -517,12 +549,15 @@ class DatabaseLockBackend(BaseLockBackend):
         recovery: dict[str, Any] | None,
         require_expired: bool = True,
         require_live: bool = False,
+        require_unchanged: bool = False,
     ) -> Grant | None:
+        self._raise_token_floor()
         records, arbiter, request = takeover_request(
             records, owner, ttl, require_expired=require_expired, require_live=require_live
         )
         ids = [r.node.id for r in records]
         params = takeover_params(arbiter, owner, json_text(recovery), request.ttl_ms, require_expired, require_live)
+        params["expected_expires_ms"] = expires_ms(arbiter) if require_unchanged else None
         outcome = self._run(
             "take a holder over",
             functools.partial(self.dialect.take_over, ids=ids, params=params),
@@ -598,6 +633,8 @@ class DatabaseLockBackend(BaseLockBackend):
     async def aacquire(self, request: LockRequest) -> Grant | None:
         if not self.async_native:
             return await super().aacquire(request)
+        if not self._floor_raised:
+            await asyncio.to_thread(self._raise_token_floor)
         dialect: PostgresDialect = self.dialect  # type: ignore[assignment]
         nodes = sorted(dict(request.targets), key=lambda node: node.id)
         sessions = self._sessions()

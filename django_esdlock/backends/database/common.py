@@ -135,6 +135,10 @@ class Dialect:
         """
         raise NotImplementedError
 
+    def raise_token_floor(self, cursor: Any, floor: int) -> Work:
+        """Make the token counter give only tokens above ``floor`` (never lower it); return whether it moved."""
+        raise NotImplementedError
+
     def drop_idle_nodes(self, cursor: Any, after: str, limit: int) -> Work:
         """Delete node rows that no grant holds, among the next ``limit`` after id ``after``.
 

@@ -135,6 +135,11 @@ SELECT pg_notify(c.channel, c.holder_id) FROM (
 """
     DROP_EXPIRED_MARKERS = "DELETE FROM esdlock_waiter WHERE expires_at <= statement_timestamp()"
 
+    # The sequence only moves up to the floor, never down (after a restore rewound it).
+    RAISE_TOKEN_FLOOR = f"""
+SELECT setval('{TOKEN_SEQUENCE}', %(floor)s::bigint) WHERE (SELECT last_value FROM {TOKEN_SEQUENCE}) < %(floor)s::bigint
+"""
+
     LISTEN = "LISTEN {channel}"  # an identifier: formatted from the backend pid, never from user data
 
     # Extend the lease of a live grant of this owner from the database's now;
@@ -167,7 +172,8 @@ RETURNING g.holder_id
 
     # Hand a grant to a new owner with a new token and lease, if it still has
     # the owner it was read with and, when required, has expired (a reaper)
-    # or is still live (a hand-off's claim): of callers racing for it, the
+    # or is still live (a hand-off's claim), or still has the lease it was read
+    # with (a forced release; as RECORD_COLUMNS reads it): of callers racing for it, the
     # first to update the row wins and the others find the owner changed (the
     # condition is re-checked on the row they waited for). Intent and
     # checkpoint stay. Returns the token and nodes.
@@ -179,6 +185,8 @@ WHERE g.holder_id = %(holder_id)s::text
   AND (%(expected_owner_key)s::text IS NULL OR g.owner_key = %(expected_owner_key)s::text)
   AND (g.expires_at <= statement_timestamp() OR NOT %(require_expired)s::boolean)
   AND (g.expires_at > statement_timestamp() OR NOT %(require_live)s::boolean)
+  AND (%(expected_expires_ms)s::bigint IS NULL
+       OR (extract(epoch FROM g.expires_at) * 1000)::bigint = %(expected_expires_ms)s::bigint)
 RETURNING g.token, ARRAY(SELECT jsonb_object_keys(g.nodes))
 """
 
@@ -442,6 +450,10 @@ class PostgresDialect(Dialect):
         )
         cursor.execute(query, {"ids": on})
         return (markers, cursor.fetchall()), False
+
+    def raise_token_floor(self, cursor: Any, floor: int) -> tuple[bool, bool]:
+        cursor.execute(PostgresSQL.RAISE_TOKEN_FLOOR, {"floor": floor})
+        return cursor.fetchone() is not None, False
 
     def drop_idle_nodes(self, cursor: Any, after: str, limit: int) -> tuple[tuple[int, str], bool]:
         cursor.execute(PostgresSQL.LOCK_IDLE_NODES, {"after": after, "limit": limit})

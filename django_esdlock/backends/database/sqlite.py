@@ -133,6 +133,7 @@ WHERE node_id IN {_SQLITE_IDS}
   AND (holder_id = %(holder_id)s OR (expires_at <= %(now)s AND NOT {_has_intent("esdlock_holder")}))
 """
     NEXT_TOKEN = f"UPDATE {TOKEN_COUNTER} SET value = value + 1"
+    RAISE_TOKEN_FLOOR = f"UPDATE {TOKEN_COUNTER} SET value = %(floor)s WHERE value < %(floor)s"
     READ_TOKEN = f"SELECT value FROM {TOKEN_COUNTER}"
     # ``taken``: [node id, mode, whether it is a main node (the intent goes there alone)].
     WRITE_HOLDERS = f"""
@@ -165,12 +166,13 @@ SET expires_at = {_SQLITE_TIME}, token = %(token)s,
 WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s AND owner_key = %(owner_key)s
   AND expires_at > %(now)s
 """
-    TAKE_OVER_ARBITER = """
+    TAKE_OVER_ARBITER = f"""
 SELECT 1 FROM esdlock_holder
 WHERE node_id = %(arbiter)s AND holder_id = %(holder_id)s
   AND (%(expected_owner_key)s IS NULL OR owner_key = %(expected_owner_key)s)
   AND (expires_at <= %(now)s OR NOT %(require_expired)s)
   AND (expires_at > %(now)s OR NOT %(require_live)s)
+  AND (%(expected_expires_ms)s IS NULL OR {_sqlite_ms("expires_at")} = %(expected_expires_ms)s)
 """
     TAKE_OVER_TAKEN = f"SELECT node_id FROM esdlock_holder WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s"
     TAKE_OVER = f"""
@@ -433,6 +435,10 @@ class SQLiteDialect(Dialect):
         cursor.execute(SQLiteSQL.EVICT_EXPIRED_ON, {"ids": id_list, "cutoff": cutoff})
         cursor.execute(SQLiteSQL.DELETE_EMPTY_NODES, {"ids": id_list})
         return found, True
+
+    def raise_token_floor(self, cursor: Any, floor: int) -> tuple[bool, bool]:
+        cursor.execute(SQLiteSQL.RAISE_TOKEN_FLOOR, {"floor": floor})
+        return cursor.rowcount > 0, True
 
     def drop_expired_markers(self, cursor: Any) -> tuple[None, bool]:
         cursor.execute(SQLiteSQL.DROP_EXPIRED_MARKERS, {"now": _now(cursor)})

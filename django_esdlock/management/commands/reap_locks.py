@@ -120,9 +120,15 @@ class Command(BaseCommand):
             self.stdout.write(f"Would recover {len(report.to_recover)} holder(s) with an intent.")
         if report.recovered:
             self.stdout.write(self.style.SUCCESS(f"Recovered {len(report.recovered)} holder(s) with an intent."))
+        if report.finished:
+            self.stdout.write(
+                f"Released {len(report.finished)} holder(s) recovered on an earlier run (handler not run again)."
+            )
         for failure in report.failed:
             holder = failure["holder"]
-            self.stdout.write(self.style.ERROR(f"Recovery of {holder['path']} failed: {failure['error']}"))
+            self.stdout.write(self.style.ERROR(f"Reaping {holder['path']} failed: {failure['error']}"))
+        for record in report.changed:
+            self.stdout.write(f"Left {record.node} held: its holder changed since it was listed (renewed or claimed).")
         for record in report.unrecoverable:
             self.stdout.write(
                 self.style.WARNING(
