@@ -79,10 +79,19 @@ def master_node() -> int:
     return int(row["node"].removeprefix("n"))
 
 
+def concrete(index: str) -> str:
+    """The one concrete index ``index`` names: a lock index is an alias of ``<index>.floor-<N>``."""
+    if ".floor-" in index:
+        return index
+    (name,) = request(f"/{index}/_alias")
+    return name
+
+
 def primary_term(index: str) -> int:
     """Return the primary term of ``index``'s shard 0: it grows with every new primary."""
-    state = request(f"/_cluster/state/metadata/{index}")
-    return int(state["metadata"]["indices"][index]["primary_terms"]["0"])
+    name = concrete(index)
+    state = request(f"/_cluster/state/metadata/{name}")
+    return int(state["metadata"]["indices"][name]["primary_terms"]["0"])
 
 
 def node_pid(i: int) -> int:

@@ -716,14 +716,14 @@ def plain_http_credentials(hosts: Sequence[Any], client_options: Mapping[str, An
     return plain
 
 
-def _bounded(api: _Api, action: str, deadline: float | None) -> _Api:
-    """Return ``api`` with the client's ``request_timeout`` set to what is left before ``deadline``."""
+def _bounded(api: _Api, action: str, deadline: float | None, share: float = 1.0) -> _Api:
+    """Return ``api`` with the client's ``request_timeout`` set to ``share`` of what is left before ``deadline``."""
     if deadline is None:
         return api
     left = deadline - time.monotonic()
     if left <= 0:
         raise LockBackendUnavailable(f"Elasticsearch had no time left to {action}: the lease it serves runs out")
-    return dataclasses.replace(api, options={**(api.options or {}), "request_timeout": left})
+    return dataclasses.replace(api, options={**(api.options or {}), "request_timeout": left * share})
 
 
 def _renewed_or_busy(outcomes: Sequence[tuple[bool | None, str]]) -> bool:
@@ -1030,14 +1030,17 @@ class ElasticsearchLockBackend(BaseLockBackend):
         times (appending to ``resent`` each time). Other failures are not
         retried. With ``deadline`` (``time.monotonic()``), every send is given
         the client's ``request_timeout`` of what is left before it, and none
-        is made after it.
+        is made after it; with another host to resend to, the first send
+        gets half of it, so a node that hangs (killed, cut off) leaves the
+        next host time to answer within the bound.
         """
         busy_until = time.monotonic() + (self.busy_retry if retry_for is None else retry_for)
         resends = 0
         for attempt in itertools.count():
+            share = 0.5 if len(self.hosts) > 1 and resends == 0 else 1.0
             try:
                 with self._translate(action):
-                    return (yield _bounded(api, action, deadline))
+                    return (yield _bounded(api, action, deadline, share))
             except LockStoreBusy:
                 delay = backoff_delay(attempt, cap=BUSY_BACKOFF_CAP)
                 if time.monotonic() + delay > min(busy_until, math.inf if deadline is None else deadline):
