@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 
 import pytest
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
@@ -126,9 +127,16 @@ def test_recover_now_and_reap_now_run_as_tasks_on_a_worker(releaser, lock_config
     expire(backend, raw_grant(backend, "/stale", Mode.X, ttl=30).request.holder_id)
     reaped = releaser.post(REAP, follow=True)
     assert messages_of(reaped)[0].startswith("Reaping enqueued as task")
-    call_command(
-        "db_worker", "--batch", "--no-reload", "--no-startup-delay", stdout=io.StringIO(), stderr=io.StringIO()
-    )
+    # db_worker installs its own SIGINT/SIGTERM/SIGQUIT handlers and leaves them: without the restore, a
+    # SIGTERM to this test run (a CI timeout) would raise SystemExit(0) in whatever test runs then.
+    installed = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)}
+    try:
+        call_command(
+            "db_worker", "--batch", "--no-reload", "--no-startup-delay", stdout=io.StringIO(), stderr=io.StringIO()
+        )
+    finally:
+        for sig, handler in installed.items():
+            signal.signal(sig, handler)
     assert len(runs(out)) == 1 and all_holders(backend) == []
     holder = held["holder_id"]
 
