@@ -64,17 +64,20 @@ def markers_on(backend, path: str, namespace: str = "default") -> list:
     return [w for w in backend.wait_state([node]).waiters if w.node == node]
 
 
-def requests_sent(backend) -> list[str]:
-    """Record, from now on, each acquire request the backend is asked to send (it still sends it)."""
-    sent: list[str] = []
+def requests_sent(backend) -> set[str]:
+    """Record, from now on, the ids of the acquire requests the backend is asked to send (it still sends them).
+
+    A set: a backend's async twin may run its blocking method, and both record the one request.
+    """
+    sent: set[str] = set()
     acquire, aacquire = backend.acquire, backend.aacquire
 
     def recorded(request):
-        sent.append(request.holder_id)
+        sent.add(request.holder_id)
         return acquire(request)
 
     async def arecorded(request):
-        sent.append(request.holder_id)
+        sent.add(request.holder_id)
         return await aacquire(request)
 
     backend.acquire, backend.aacquire = recorded, arecorded
