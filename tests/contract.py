@@ -6,6 +6,7 @@ A backend's test module subclasses :class:`LockBackendContract` and provides a
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import threading
 import time
@@ -17,6 +18,7 @@ from django_esdlock.modes import Mode, compatible
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 
 from .apis import SyncApi
+from .expiry import expire
 
 
 def all_holders(backend) -> list:
@@ -45,6 +47,41 @@ def raw_grant(backend, path: str, mode: Mode, *, ttl: float, namespace: str = "d
     grant = backend.acquire(request)
     assert grant is not None
     return grant
+
+
+def wait_until(predicate, what: str, timeout: float = 30.0):
+    """Poll ``predicate`` until it returns something true; return that, or fail saying ``what`` never happened."""
+    deadline = time.monotonic() + timeout
+    while not (found := predicate()):
+        assert time.monotonic() < deadline, f"{what}: not seen within {timeout:g}s"
+        time.sleep(0.02)
+    return found
+
+
+def markers_on(backend, path: str, namespace: str = "default") -> list:
+    """The live waiting markers on tree node ``path``, as the store reports them."""
+    node = Node(namespace, Kind.TREE, path)
+    return [w for w in backend.wait_state([node]).waiters if w.node == node]
+
+
+def requests_sent(backend) -> set[str]:
+    """Record, from now on, the ids of the acquire requests the backend is asked to send (it still sends them).
+
+    A set: a backend's async twin may run its blocking method, and both record the one request.
+    """
+    sent: set[str] = set()
+    acquire, aacquire = backend.acquire, backend.aacquire
+
+    def recorded(request):
+        sent.add(request.holder_id)
+        return acquire(request)
+
+    async def arecorded(request):
+        sent.add(request.holder_id)
+        return await aacquire(request)
+
+    backend.acquire, backend.aacquire = recorded, arecorded
+    return sent
 
 
 def refused_to_another_owner(path: str, backend) -> str:
@@ -178,50 +215,71 @@ class LockBackendContract:
 
     # --- waiting ------------------------------------------------------------------
 
-    def test_timeout_zero_never_waits_and_number_waits_that_long(self, backend, peer):
+    def test_timeout_zero_never_waits(self, backend, peer):
         peer.acquire("x", scheme="tree", path="/busy")
-        started = time.monotonic()
         with pytest.raises(LockUnavailable) as info:
             self.api.lock_tree("/busy", timeout=0, backend=backend).acquire()
         assert not isinstance(info.value, LockTimeout)
-        started = time.monotonic()
-        with pytest.raises(LockTimeout):
-            self.api.lock_tree("/busy", timeout=0.5, backend=backend).acquire()
-        assert time.monotonic() - started >= 0.5
+        assert markers_on(backend, "/busy") == []  # it never queued: a request that may wait leaves a marker
+
+    def _granted_after_the_release(self, backend, peer, timeout: float | None) -> None:
+        """A waiter queues (its marker is in the store), the holder leaves, then, and only then, it is granted."""
+        peer.acquire("x", scheme="tree", path="/busy")
+        events: list[str] = []
+
+        def waiter() -> None:
+            try:
+                with self.api.lock_tree("/busy", timeout=timeout, backend=backend):
+                    events.append("granted")
+            except Exception as e:  # noqa: BLE001 - shown by the assertion on events
+                events.append(repr(e))
+
+        thread = threading.Thread(target=waiter, daemon=True)
+        thread.start()
+        wait_until(lambda: markers_on(backend, "/busy"), "the waiter's marker in the store")
+        events.append("releasing")
+        peer.release("x")
+        thread.join(60)
+        assert events == ["releasing", "granted"]
+
+    def test_a_number_waits_for_a_release_then_gives_up(self, backend, peer):
+        self._granted_after_the_release(backend, peer, 60)
+        held = peer.acquire("y", scheme="tree", path="/busy")["holder_id"]
+        with pytest.raises(LockTimeout, match=r"stayed unavailable for 0\.2s"):
+            self.api.lock_tree("/busy", timeout=0.2, backend=backend).acquire()
+        assert markers_on(backend, "/busy") == []  # it withdrew from the queue
+        assert [h.holder_id for h in all_holders(backend)] == [held]  # the holder stayed
 
     def test_timeout_none_waits_for_release(self, backend, peer):
-        peer.acquire("x", scheme="tree", path="/busy")
-        releaser = threading.Timer(0.5, peer.release, args=("x",))
-        releaser.start()
-        started = time.monotonic()
-        with self.api.lock_tree("/busy", timeout=None, backend=backend):
-            waited = time.monotonic() - started
-        releaser.join()
-        assert waited >= 0.4
+        self._granted_after_the_release(backend, peer, None)
 
     def test_waiting_on_own_lock_is_a_deadlock_at_once(self, backend):
+        sent = requests_sent(backend)
         with self.api.lock_tree("/clinton", backend=backend):
+            held = held_keys(backend)
             for other in (
-                self.api.lock_tree("/clinton/projects", backend=backend),
-                self.api.lock_tree("/clinton", shared=True, backend=backend),
+                self.api.lock_tree("/clinton/projects", timeout=60, backend=backend),
+                self.api.lock_tree("/clinton", shared=True, timeout=60, backend=backend),
             ):
-                started = time.monotonic()
                 with pytest.raises(LockDeadlock):
                     other.acquire()
-                assert time.monotonic() - started < 5
+            assert len(sent) == 1  # ours alone: each deadlock was seen before a request reached the store
+            assert held_keys(backend) == held and markers_on(backend, "/clinton") == []
         with self.api.global_lock(backend=backend), pytest.raises(LockDeadlock):
             self.api.global_lock(backend=backend, timeout=None).acquire()
+        assert len(sent) == 2
         with self.api.lock_tree("/a/b", shared=True, backend=backend):
             with self.api.lock_tree("/a/c", shared=True, backend=backend):  # compatible: no deadlock
                 pass
+        assert len(sent) == 4
 
     # --- leases ---------------------------------------------------------------------
 
     def test_expired_holder_is_evicted_by_acquisition(self, backend):
-        dead = raw_grant(backend, "/stale", Mode.X, ttl=0.5)
+        dead = raw_grant(backend, "/stale", Mode.X, ttl=30)
         with pytest.raises(LockUnavailable):
             self.api.lock_tree("/stale", timeout=0, backend=backend).acquire()
-        time.sleep(0.7)
+        expire(backend, dead.request.holder_id)
         with self.api.lock_tree("/stale", timeout=0, backend=backend) as lock:
             assert [h.holder_id for h in all_holders(backend)] == [lock.holder_id]
             assert lock.token > dead.token
@@ -246,11 +304,22 @@ class LockBackendContract:
             assert second.token > first.token
 
     def test_renewal_keeps_a_hold_past_its_ttl(self, backend, peer):
+        """Renewals move the store's expiry on; one that lands a TTL past the first was made after that lease ended."""
+        node, ttl = Node("default", Kind.TREE, "/long"), datetime.timedelta(seconds=1)
         with self.api.lock_tree("/long", ttl=1, backend=backend) as lock:
-            for _ in range(3):
-                time.sleep(1)
-                assert peer.acquire("w", scheme="tree", path="/long", timeout=0) == "LockUnavailable"
-                lock.check()
+            (first,) = backend.node_holders(node)
+            seen = [first.expires_at]
+
+            def renewed_past_the_first_lease() -> bool:
+                (now,) = backend.node_holders(node)
+                assert now.holder_id == lock.holder_id and now.expires_at >= seen[-1]
+                if now.expires_at > seen[-1]:
+                    seen.append(now.expires_at)
+                return len(seen) >= 3 and seen[-1] >= first.expires_at + ttl
+
+            wait_until(renewed_past_the_first_lease, "two renewals, the last past the first lease's end")
+            assert peer.acquire("w", scheme="tree", path="/long", timeout=0) == "LockUnavailable"
+            lock.check()
             assert not lock.lost
         assert isinstance(peer.acquire("w", scheme="tree", path="/long", timeout=0), dict)
 
@@ -266,10 +335,7 @@ class LockBackendContract:
             lock = self.api.lock_tree("/fragile", ttl=1, backend=backend).acquire()
             assert backend.release(lock.grant) is True  # an operator removes it behind our back
             assert isinstance(peer.acquire("thief", scheme="tree", path="/fragile", timeout=0), dict)
-            deadline = time.monotonic() + 5
-            while not lock.lost and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert lock.lost
+            wait_until(lambda: lock.lost, "the renewer noticing the record gone")
             with pytest.raises(LockLost):
                 lock.check()
             with pytest.raises(LockLost):

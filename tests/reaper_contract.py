@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
-import time
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -17,6 +17,7 @@ from django_esdlock.signals import lock_reaped, lock_unrecoverable
 
 from . import handlers  # noqa: F401  (registers the test recovery handlers)
 from .contract import all_holders, raw_grant
+from .expiry import expire
 from .peer import SPAWN, Peer, setup_django
 from .procs import spawned
 
@@ -26,13 +27,6 @@ def reap(config, *args: str) -> dict:
     with override_settings(LOCK_BACKEND=config):
         call_command("reap_locks", "--json", *args, stdout=out)
     return json.loads(out.getvalue())
-
-
-def wait_until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def _reaper_process(config, start) -> dict[str, int]:
@@ -62,19 +56,24 @@ class ReaperContract:
 
     def test_killed_holder_frees_itself_after_its_ttl(self, lock_config, backend, peers):
         writer, reader = peers(), peers()
-        writer.acquire("w", scheme="tree", path="/a/b/c/d", ttl=1)
-        reader.acquire("r", scheme="tree", path="/x/y", shared=True, ttl=1)
+        writer.acquire("w", scheme="tree", path="/a/b/c/d", ttl=30)
+        reader.acquire("r", scheme="tree", path="/x/y", shared=True, ttl=30)
         writer.kill()
         reader.kill()
+        # The store recorded the leases asked for; the dead never renew them.
+        leases = {h.expires_at - h.acquired_at for h in all_holders(backend)}
+        assert leases == {datetime.timedelta(seconds=30)}, leases
         with pytest.raises(LockUnavailable):
             lock_tree("/a", timeout=0, backend=backend).acquire()
-        with lock_tree("/a", timeout=5, backend=backend), lock_tree("/x/y", timeout=5, backend=backend):
-            pass  # no reaper ran: the leases ran out and acquisition evicted them
+        expire(backend)  # their leases run out
+        with lock_tree("/a", timeout=0, backend=backend), lock_tree("/x/y", timeout=0, backend=backend):
+            pass  # no reaper ran: acquisition evicted the expired holders it met
         # Acquisition evicts what it meets: the dead records below stay, expired, till reaped, unless
         # the store keeps a holder as one record and evicts it whole (PostgreSQL's grants).
         left = all_holders(backend)
-        below = {"/a/b", "/a/b/c", "/a/b/c/d"}
-        assert {h.node.key for h in left} in (below, set()) and all(h.expired for h in left)
+        whole = getattr(backend, "vendor", None) == "postgresql"
+        assert {h.node.key for h in left} == (set() if whole else {"/a/b", "/a/b/c", "/a/b/c/d"})
+        assert all(h.expired for h in left)
         assert reap(lock_config)["counts"]["evicted"] == len(left)
         assert all_holders(backend) == []
 
@@ -95,10 +94,10 @@ class ReaperContract:
     def test_only_the_dead_of_three_shared_holders_goes(self, lock_config, backend, peers):
         live_one, live_two, dead = peers(), peers(), peers()
         ids = {}
-        for name, peer, ttl in (("one", live_one, 30), ("two", live_two, 30), ("dead", dead, 1)):
-            ids[name] = peer.acquire(name, scheme="tree", path="/shared/file", shared=True, ttl=ttl)["holder_id"]
+        for name, peer in (("one", live_one), ("two", live_two), ("dead", dead)):
+            ids[name] = peer.acquire(name, scheme="tree", path="/shared/file", shared=True, ttl=30)["holder_id"]
         dead.kill()
-        time.sleep(1.2)
+        expire(backend, ids["dead"])
         reaped = []
         lock_reaped.connect(receiver := lambda holder, **kw: reaped.append(holder.holder_id))
         try:
@@ -116,10 +115,10 @@ class ReaperContract:
             out = tmp_path / f"runs-{round_}.jsonl"
             victim = peers()
             intent = {"op": "test-append", "file": str(out), "sleep": 0.3}
-            old = victim.acquire("rename", scheme="tree", path="/clinton/projects", intent=intent, ttl=1)
+            old = victim.acquire("rename", scheme="tree", path="/clinton/projects", intent=intent, ttl=30)
             victim.kill()
+            expire(backend, old["holder_id"])
             with pytest.raises(LockUnavailable):  # expired, but its intent keeps it until recovered
-                time.sleep(1.2)
                 lock_tree("/clinton", timeout=0, backend=backend).acquire()
             start = SPAWN.Event()
             with spawned(_reaper_process, [(lock_config, start)] * 2) as reapers:
@@ -136,28 +135,27 @@ class ReaperContract:
         marker, out = tmp_path / "marker", tmp_path / "runs.jsonl"
         victim = peers()
         intent = {"op": "test-fail-once", "marker": str(marker), "file": str(out)}
-        victim.acquire("w", scheme="tree", path="/job", intent=intent, ttl=1)
+        dead = victim.acquire("w", scheme="tree", path="/job", intent=intent, ttl=30)["holder_id"]
         victim.kill()
-        time.sleep(1.2)
-        with override_settings(LOCK_BACKEND={**lock_config, "TTL": 1}):
-            report = reap(lock_config | {"TTL": 1})
+        expire(backend, dead)
+        report = reap(lock_config)
         assert report["counts"]["failed"] == 1 and "marker file is missing" in report["failed"][0]["error"]
         (held,) = [h for h in all_holders(backend) if h.node.key == "/job"]
         assert held.recovery["state"] == "failed" and held.recovery["attempts"] == 1
         with pytest.raises(LockUnavailable):
             lock_tree("/job", timeout=0, backend=backend).acquire()
         marker.touch()
-        time.sleep(1.2)  # the failed takeover's lease runs out; the next run retries
-        report = reap(lock_config | {"TTL": 1})
+        expire(backend, held.holder_id)  # the failed takeover's lease runs out; the next run retries
+        report = reap(lock_config)
         assert report["counts"]["recovered"] == 1 and report["recovered"][0]["attempts"] == 2
         assert len(out.read_text().splitlines()) == 1
         assert all_holders(backend) == []
 
     def test_intent_without_handler_stays_and_signals(self, lock_config, backend, peers):
         victim = peers()
-        victim.acquire("w", scheme="tree", path="/orphan", intent={"op": "nobody-handles-this"}, ttl=1)
+        victim.acquire("w", scheme="tree", path="/orphan", intent={"op": "nobody-handles-this"}, ttl=30)
         victim.kill()
-        time.sleep(1.2)
+        expire(backend)
         signalled = []
         lock_unrecoverable.connect(receiver := lambda holder, **kw: signalled.append(holder.node.key))
         try:
@@ -170,20 +168,19 @@ class ReaperContract:
 
     def test_namespace_and_grace_limit_what_is_reaped(self, lock_config, backend, peers):
         victim = peers()
-        victim.acquire("a", scheme="tree", path="/n", namespace="one", ttl=1)
-        victim.acquire("b", scheme="tree", path="/n", namespace="two", ttl=1)
+        victim.acquire("a", scheme="tree", path="/n", namespace="one", ttl=30)
+        victim.acquire("b", scheme="tree", path="/n", namespace="two", ttl=30)
         victim.kill()
-        time.sleep(1.2)
+        expire(backend, by=40)  # ended 10 s ago by the store's clock: inside a 60 s grace
         assert reap(lock_config, "--grace", "60")["counts"]["evicted"] == 0
         report = reap(lock_config, "--namespace", "one")
         assert [(h["namespace"], h["path"]) for h in report["evicted"]] == [("one", "/n")]
         assert [h.node.namespace for h in all_holders(backend)] == ["two"]
 
     def test_reaping_pages_through_many_nodes(self, backend):
-        for i in range(40):
-            raw_grant(backend, f"/many/n{i:02d}", Mode.X, ttl=0.3)
+        dead = [raw_grant(backend, f"/many/n{i:02d}", Mode.X, ttl=30).request.holder_id for i in range(40)]
         live = lock_tree("/many/live", backend=backend).acquire()
-        time.sleep(0.5)
+        expire(backend, *dead)
         backend.page_size = 7  # force many pages; memory stays one page of nodes
         counts: list[int] = []
         report = Reaper(backend, progress=lambda stage, count: counts.append(count)).run()

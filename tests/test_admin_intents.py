@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-import time
+import signal
 
 import pytest
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
@@ -13,9 +13,12 @@ from django.test import override_settings
 
 from django_esdlock.modes import Mode
 
-from . import handlers  # noqa: F401  (registers the test recovery handlers)
-from .admin_support import staff_user
+from . import (
+    admin_support,
+    handlers,  # noqa: F401  (registers the test recovery handlers)
+)
 from .contract import all_holders, raw_grant
+from .expiry import expire
 from .locked_tasks import IMMEDIATE_BACKEND
 
 LIST = "/admin/django_esdlock/heldlock/"
@@ -26,17 +29,8 @@ INLINE = {"default": {"BACKEND": IMMEDIATE_BACKEND}}
 
 pytestmark = pytest.mark.django_db
 
-
-@pytest.fixture
-def lock_config(store_config, settings):
-    settings.LOCK_BACKEND = store_config
-    return store_config
-
-
-@pytest.fixture
-def releaser(client, django_user_model):
-    client.force_login(staff_user(django_user_model, "releaser", "view_heldlock", "delete_heldlock"))
-    return client
+lock_config = admin_support.lock_config  # the shared fixtures, by name in this module
+releaser = admin_support.releaser
 
 
 def messages_of(response) -> list[str]:
@@ -130,13 +124,19 @@ def test_recover_now_and_reap_now_run_as_tasks_on_a_worker(releaser, lock_config
     (message,) = messages_of(done)
     assert message.startswith(f"Recovery of holder {held['holder_id']} enqueued as task")
     assert runs(out) == [] and len(all_holders(backend)) == 1  # not in the request
-    raw_grant(backend, "/stale", Mode.X, ttl=0.2)
-    time.sleep(0.3)
+    expire(backend, raw_grant(backend, "/stale", Mode.X, ttl=30).request.holder_id)
     reaped = releaser.post(REAP, follow=True)
     assert messages_of(reaped)[0].startswith("Reaping enqueued as task")
-    call_command(
-        "db_worker", "--batch", "--no-reload", "--no-startup-delay", stdout=io.StringIO(), stderr=io.StringIO()
-    )
+    # db_worker installs its own SIGINT/SIGTERM/SIGQUIT handlers and leaves them: without the restore, a
+    # SIGTERM to this test run (a CI timeout) would raise SystemExit(0) in whatever test runs then.
+    installed = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)}
+    try:
+        call_command(
+            "db_worker", "--batch", "--no-reload", "--no-startup-delay", stdout=io.StringIO(), stderr=io.StringIO()
+        )
+    finally:
+        for sig, handler in installed.items():
+            signal.signal(sig, handler)
     assert len(runs(out)) == 1 and all_holders(backend) == []
     holder = held["holder_id"]
 
@@ -153,8 +153,7 @@ def test_recover_now_and_reap_now_run_as_tasks_on_a_worker(releaser, lock_config
 
 @override_settings(TASKS=INLINE)
 def test_reap_now_inline_says_so_and_logs_it(releaser, lock_config, backend, tmp_path):
-    raw_grant(backend, "/stale", Mode.X, ttl=0.2)
-    time.sleep(0.3)
+    expire(backend, raw_grant(backend, "/stale", Mode.X, ttl=30).request.holder_id)
     response = releaser.post(REAP, follow=True)
     assert all_holders(backend) == []
     assert messages_of(response) == ["Ran in this request (no task backend is configured). Removed 1 expired holder."]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import datetime
 import io
 import os
 import sqlite3
@@ -44,6 +44,7 @@ from .dbstores import (
     url_of,
     with_port,
 )
+from .expiry import expire
 from .listing_contract import ListingContract
 from .peer import SPAWN, Peer
 from .reaper_contract import ReaperContract
@@ -336,9 +337,12 @@ def test_expiry_is_judged_by_the_database_clock(store, backend_of):
     assert backend.renew(grant) is False
     other = backend.acquire(_request("/clock", ttl=1))
     assert other is not None and other.token > grant.token
-    # And the other way round: a lease the database extends blocks, whatever its TTL.
-    _sql(store, f"UPDATE {holder_table(store)} SET expires_at = %s", ["2999-01-01 00:00:00.000"])
-    time.sleep(1.2)
+    # And the other way round: a lease the database extends blocks, whatever its TTL and however long ago it began.
+    _sql(
+        store,
+        f"UPDATE {holder_table(store)} SET acquired_at = %s, expires_at = %s",
+        ["2000-01-01 00:00:00.000", "2999-01-01 00:00:00.000"],
+    )
     assert backend.acquire(_request("/clock")) is None
     [holder] = backend.node_holders(Node("default", Kind.TREE, "/clock"))
     assert holder.expires_at.year == 2999
@@ -347,9 +351,9 @@ def test_expiry_is_judged_by_the_database_clock(store, backend_of):
 def test_expired_holder_with_intent_keeps_conflicting_until_recovered(store, backend_of):
     backend = backend_of(store)
     intent = {"op": "rename", "to": "/bill"}
-    crashed = backend.acquire(_request("/clinton", ttl=0.3, intent=intent))
-    plain = backend.acquire(_request("/other", ttl=0.3))
-    time.sleep(0.5)
+    crashed = backend.acquire(_request("/clinton", intent=intent))
+    plain = backend.acquire(_request("/other"))
+    expire(backend)
     assert backend.acquire(_request("/clinton")) is None
     assert {h.holder_id for h in backend.evict_expired()} == {plain.request.holder_id}
     [kept] = backend.node_holders(Node("default", Kind.TREE, "/clinton"))
@@ -443,12 +447,11 @@ def test_holders_pages_and_filters(store, backend_of):
 def test_evict_expired_pages_through_the_table(store, backend_of):
     backend = backend_of(store)
     backend.page_size = 3
-    for i in range(8):
-        backend.acquire(_request(f"/e/{i}", ttl=0.2, namespace="ns"))
-    backend.acquire(_request("/e/x", ttl=0.2, namespace="kept"))
-    backend.acquire(_request("/e/intent", ttl=0.2, namespace="ns", intent={"op": "x"}))
+    expiring = [backend.acquire(_request(f"/e/{i}", namespace="ns")) for i in range(8)]
+    expiring.append(backend.acquire(_request("/e/x", namespace="kept")))
+    expiring.append(backend.acquire(_request("/e/intent", namespace="ns", intent={"op": "x"})))
     live = backend.acquire(_request("/e/live", namespace="ns"))
-    time.sleep(0.4)
+    expire(backend, *(grant.request.holder_id for grant in expiring), by=40)  # ended 10 s ago: inside 60 s of grace
     assert backend.evict_expired(namespace="ns", grace=60) == []
     would = backend.evict_expired(namespace="ns", dry_run=True)
     assert sorted(h.node.key for h in would) == [f"/e/{i}" for i in range(8)]
@@ -570,12 +573,13 @@ def _lease_bound(records, keys: set[str], ttl: float) -> bool:
     )
 
 
-def _wait_for_other_sessions_to_end(url: str, timeout: float = 10.0) -> None:
+def _wait_for_session_to_end(url: str, pid: int, timeout: float = 30.0) -> None:
+    """Poll until the server has ended session ``pid`` (rolled back or committed, and gone)."""
     deadline = time.monotonic() + timeout
-    others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
     with psycopg.connect(url, autocommit=True) as watcher:
-        while watcher.execute(others).fetchone()[0] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()[0]:
+            assert time.monotonic() < deadline, f"session {pid} still open after {timeout:g}s"
+            time.sleep(0.02)
 
 
 def test_database_gone_mid_acquire_then_back(pg_config, backend_of):
@@ -587,7 +591,7 @@ def test_database_gone_mid_acquire_then_back(pg_config, backend_of):
         blocker = _hold_row_lock(url, "tree:default:/cut/a/b")
         try:
             thread, outcome = _acquire_in_thread(backend, _request("/cut", "/cut/a", "/cut/a/b", ttl=1))
-            _waiting_backend_pid(url)
+            orphan = _waiting_backend_pid(url)
             proxy.stop()
             thread.join(timeout=10)
             assert isinstance(outcome.get("error"), LockBackendUnavailable), outcome
@@ -598,9 +602,11 @@ def test_database_gone_mid_acquire_then_back(pg_config, backend_of):
             blocker.close()
         # The orphaned session either notices its client gone and rolls back, or commits a grant
         # nobody will use: its lease (1 s) ends it, and the next acquisition evicts it.
-        _wait_for_other_sessions_to_end(url)
-        records = [h for h in load_backend(pg_config).holders().holders if h.node.key != "/warm"]
+        _wait_for_session_to_end(url, orphan)
+        records = [h for h in backend_of(pg_config).holders().holders if h.node.key != "/warm"]
         assert _lease_bound(records, {"/cut", "/cut/a", "/cut/a/b"}, 1.0), records
+        if records:
+            expire(backend_of(pg_config), records[0].holder_id)  # its lease runs out
         proxy.start()
         with lock_tree("/cut/a/b", timeout=30, backend=backend) as lock:
             assert all(lock.token > r.token for r in records)
@@ -636,21 +642,23 @@ def test_client_killed_before_the_answer_leaves_at_most_a_lease_bound_grant(pg_c
         try:
             child = SPAWN.Process(target=blocked_acquirer, args=(pg_config, path, 1.0), daemon=True)
             child.start()
-            _waiting_backend_pid(url, timeout=60)  # the call is sent, its answer not read
+            session = _waiting_backend_pid(url, timeout=60)  # the call is sent, its answer not read
             child.kill()
             child.join(timeout=10)
-        finally:
             # At once (before the server's 1 s client check) on even rounds: the call then
-            # finishes and commits; later on odd ones: the server notices the dead client first.
+            # finishes and commits; on odd ones once the server noticed the dead client and ended its session.
             if round_ % 2:
-                time.sleep(1.5)
+                _wait_for_session_to_end(url, session)
+        finally:
             blocker.rollback()
             blocker.close()
-        _wait_for_other_sessions_to_end(url)
+        _wait_for_session_to_end(url, session)
         records = backend.node_holders(Node("default", Kind.TREE, path))
         assert _lease_bound(records, {path}, 1.0), records
         outcomes.append(bool(records))
-        with lock_tree(path, timeout=30, backend=backend) as lock:  # evicts it once the lease ran out
+        if records:
+            expire(backend, records[0].holder_id)  # its lease runs out
+        with lock_tree(path, timeout=0, backend=backend) as lock:  # evicts the expired grant
             assert all(lock.token > r.token for r in records)
             assert [h.holder_id for h in backend.node_holders(Node("default", Kind.TREE, path))] == [lock.holder_id]
     assert any(outcomes)  # the case that matters happened: a grant committed for a dead client
@@ -809,10 +817,38 @@ def test_release_wakes_the_head_of_the_queue_only(pg_config, backend_of):
     assert second.acquire(late) is not None
 
 
-def test_sqlite_waits_by_backoff(sqlite_store_config, backend_of):
+def test_sqlite_waits_by_backoff(sqlite_store_config, backend_of, monkeypatch):
+    """Without notifications each wait() pauses a capped exponential step with jitter, then the caller tries again."""
+    from django_esdlock.backends import base
+
     backend = backend_of(sqlite_store_config)
     assert not backend.supports_notify
-    backend.wait([(Node("default", Kind.TREE, "/x"), Mode.X)], 0.2, attempt=0)
+    events: list[tuple[str, float]] = []
+
+    class Clock:  # the module's time, with its pauses recorded (and still slept)
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        def sleep(self, seconds: float) -> None:
+            events.append(("pause", seconds))
+            time.sleep(seconds)
+
+    monkeypatch.setattr(base, "time", Clock())
+    holder = backend.acquire(_request("/x"))
+    queued = _queued("/x")
+    for attempt in range(6):
+        assert backend.acquire(queued) is None
+        events.append(("refused", attempt))
+        assert backend.wait(queued.targets, 30.0, attempt) is None
+    assert backend.release(holder)
+    backend.wait(queued.targets, 0.004, 30)  # a step is never longer than what is left of the timeout
+    assert backend.acquire(queued) is not None
+    assert [kind for kind, _ in events] == ["refused", "pause"] * 6 + ["pause"]
+    pauses = [seconds for kind, seconds in events if kind == "pause"]
+    for attempt, seconds in enumerate(pauses[:-1]):
+        step = base.BACKOFF_INITIAL * 2**attempt
+        assert step / 2 <= seconds <= step, (attempt, seconds)
+    assert 0 < pauses[-1] <= 0.004
 
 
 # --- fair waiting ---------------------------------------------------------------
@@ -821,7 +857,7 @@ def test_sqlite_waits_by_backoff(sqlite_store_config, backend_of):
 def test_waiting_markers_are_left_refreshed_and_removed(store, backend_of):
     """A queued request's markers: left when refused, gone when it is granted, withdrawn or reaped once expired."""
     backend = backend_of(store)
-    backend.marker_ttl = 0.5
+    backend.marker_ttl = 60
     holder = backend.acquire(_request("/q", "/q/r"))
     assert holder is not None
     plain = _request("/q/r", mode=Mode.S)
@@ -842,24 +878,18 @@ def test_waiting_markers_are_left_refreshed_and_removed(store, backend_of):
     assert backend.acquire(blocked) is None and table_counts(store, markers=True)[2] == 1
     backend.evict_expired()
     assert table_counts(store, markers=True)[2] == 1  # still live
-    time.sleep(0.6)
+    expire(backend, blocked.holder_id, holders=False, markers=True)
     backend.evict_expired(dry_run=True)
     assert table_counts(store, markers=True)[2] == 1
     backend.evict_expired()
     assert table_counts(store, markers=True)[2] == 0
-    # Attempts past half the marker's lease renew it: a queued request's markers stay while it waits.
+    # A queued request's markers stay while it waits: an attempt past half the marker's lease renews it,
+    # one before that writes nothing.
     assert backend.acquire(blocked) is None
-    for _ in range(4):
-        time.sleep(0.2)
-        assert backend.acquire(blocked) is None
-    assert live_markers(store) == 1  # 1 s after the first marker of a 0.5 s lease
-
-
-def live_markers(config: dict) -> int:
-    """Waiting markers whose lease has not run out, by the database's clock."""
-    if url_of(config).startswith("sqlite"):
-        query = "SELECT count(*) FROM esdlock_waiter WHERE expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')"
-        with contextlib.closing(sqlite3.connect(sqlite_path(config), timeout=30)) as connection:
-            return connection.execute(query).fetchone()[0]
-    with psycopg.connect(url_of(config), autocommit=True) as connection:
-        return connection.execute("SELECT count(*) FROM esdlock_waiter WHERE expires_at > now()").fetchone()[0]
+    (first,) = backend.wait_state().waiters
+    assert backend.acquire(blocked) is None
+    assert [w.expires_at for w in backend.wait_state().waiters] == [first.expires_at]
+    expire(backend, blocked.holder_id, holders=False, markers=True, by=40)  # 20 s of 60 left
+    assert backend.acquire(blocked) is None
+    (renewed,) = backend.wait_state().waiters
+    assert renewed.expires_at >= first.expires_at > renewed.expires_at - datetime.timedelta(seconds=60)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import socket
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from django_esdlock import lock_tree
+from django_esdlock import LockBackendUnavailable, lock_tree
 from django_esdlock.backends.elasticsearch import (
     MAPPING,
     PROPERTIES_OF_VERSION_1,
@@ -140,8 +142,20 @@ def test_a_request_far_back_in_a_queue_polls_less_often_than_its_head(lock_confi
 
 
 def test_construction_makes_no_request():
-    backend = ElasticsearchLockBackend(hosts=["http://127.0.0.1:9"], index="never")
-    assert backend._client is None
+    """A listener on the backend's host sees no connection while it is built and described, one at its first use."""
+    with contextlib.closing(socket.create_server(("127.0.0.1", 0))) as listener:
+        host = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        backend = ElasticsearchLockBackend(hosts=[host], index="never", request_timeout=0.5, max_retries=0)
+        assert "127.0.0.1" in backend.describe() and backend.lock_indices == ("never",)
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):  # no connection waits to be accepted
+            listener.accept()
+        listener.settimeout(30)
+        with pytest.raises(LockBackendUnavailable):  # the listener never answers
+            backend.holders()
+        connection, _ = listener.accept()  # the control: a request does reach it
+        connection.close()
+        backend.close()
 
 
 class TestElasticsearchReaper(ReaperContract):

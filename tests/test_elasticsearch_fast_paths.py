@@ -13,6 +13,7 @@ from django_esdlock.modes import Mode
 from django_esdlock.reaper import Reaper
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 
+from .expiry import expire
 from .stores import es_backend
 
 OWNER = Owner.current()
@@ -96,7 +97,8 @@ def test_reaper_deletes_long_expired_nodes_and_spares_intents_and_live_holders(b
     _write(backend, "/stale", [_holder("s1", long_ago), _holder("s2", long_ago)])
     _write(backend, "/intent", [_holder("i1", long_ago, intent={"op": "nothing-handles-this"})])
     _write(backend, "/mixed", [_holder("m1", long_ago), _holder("m2", now_ms + HOUR_MS)])
-    _write(backend, "/recent", [_holder("r1", now_ms - 200)])  # within the margin: EVICT's call
+    # Within the margin (EVICT's call), and ended well before the store's cached clock (it lags up to 200 ms).
+    _write(backend, "/recent", [_holder("r1", now_ms - 1000)])
     assert STALE_MARGIN_S >= 1
     evicted = backend.evict_expired(namespace="fs")
     assert sorted(r.holder_id for r in evicted) == ["m1", "r1", "s1", "s2"]
@@ -134,14 +136,19 @@ def test_a_waiting_request_polls_the_node_that_refused_it_alone_and_writes_nothi
 
 
 def test_a_waiting_marker_is_renewed_past_half_its_lease(backend):
-    backend.marker_ttl = 0.4
+    backend.marker_ttl = 60
     held = backend.acquire(tree(("/a", "X")))
     request = waiting(("/a", "X"))
     assert backend.acquire(request) is None
     first = source(backend, "/a")["waiters"][0]["expires_at"]
-    time.sleep(0.3)  # past half the marker's lease
+    before = seq_no(backend, "/a")
     assert backend.acquire(request) is None
-    assert source(backend, "/a")["waiters"][0]["expires_at"] > first
+    assert seq_no(backend, "/a") == before  # more than half its lease left: the poll writes nothing
+    expire(backend, request.holder_id, holders=False, markers=True, by=40)  # 20 s of 60 left
+    aged = source(backend, "/a")["waiters"][0]["expires_at"]
+    assert backend.acquire(request) is None
+    renewed = source(backend, "/a")["waiters"][0]["expires_at"]
+    assert renewed > aged and renewed >= first  # a whole new lease
     backend.withdraw(request)
     assert source(backend, "/a")["waiters"] == []
     assert backend.release(held) is True

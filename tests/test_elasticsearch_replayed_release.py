@@ -8,7 +8,6 @@ release of the same grant at the store: the holder is already gone.
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
@@ -17,6 +16,7 @@ from django_esdlock.backends.elasticsearch import RELEASE_TOMBSTONES_KEPT
 from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 
+from .expiry import expire
 from .stores import es_backend
 
 OWNER = Owner.current()
@@ -56,8 +56,8 @@ def test_a_force_released_holder_is_still_lost(backend):
 
 
 def test_an_evicted_holder_is_still_lost(backend):
-    mine = backend.acquire(shared("/a", ttl=0.5))
-    time.sleep(0.7)
+    mine = backend.acquire(shared("/a"))
+    expire(backend, mine.request.holder_id)
     other = backend.acquire(shared("/a"))  # ACQUIRE drops the expired holder: no tombstone
     assert other is not None
     assert backend.release(mine) is False
@@ -86,13 +86,13 @@ def test_a_hot_node_keeps_only_the_newest_tombstones(backend):
 def test_a_request_that_takes_the_node_again_drops_its_tombstone(backend):
     # A waiting request keeps its holder id: a give-back leaves a tombstone, the next try takes the node again.
     other = backend.acquire(shared("/a"))
-    request = shared("/a", ttl=0.5)
+    request = shared("/a")
     first = backend.acquire(request)
     assert backend.release(first) is True  # as a give-back would: tombstone of this holder id
     again = backend.acquire(request)
     assert again is not None
     assert not [w for w in source(backend, "/a")["waiters"] if w.get("released")]
-    time.sleep(0.7)
+    expire(backend, request.holder_id)
     third = backend.acquire(shared("/a"))  # evicts the expired holder: no tombstone of ours may vouch for it
     assert backend.release(again) is False
     assert backend.release(third) is True and backend.release(other) is True

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,10 +19,11 @@ from django_esdlock.records import Kind, Node
 from example_project.fs.renames import StaleToken, move_tree
 
 from .example_support import example_fs
+from .expiry import expire
 from .peer import Peer
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
-TTL = 2.0
+TTL = 30.0
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_killed_directory_rename_is_finished_by_reap_locks(fs):
     dead_token = max(token for doc_id, (path, token) in half.items() if path.startswith("/bill-new"))
 
     # Its lease runs out, but the intent keeps both subtrees blocked until recovered.
-    time.sleep(TTL + 0.5)
+    expire(get_backend())
     assert locked("/clinton/projects") and locked("/bill-new")
 
     report = reap()
@@ -129,7 +129,7 @@ def test_rename_killed_before_moving_anything_is_released_unchanged(fs):
             spec = {"scheme": "tree", "path": path, "namespace": "fs", "ttl": TTL, "intent": {**intent, "role": role}}
             assert "token" in victim.acquire(role, **spec)
         victim.kill()
-        time.sleep(TTL + 0.5)
+        expire(get_backend())  # its leases run out
         assert locked("/bill") and locked("/william")
         assert reap()["counts"]["recovered"] == 2
     finally:
