@@ -99,9 +99,12 @@ def locked_append(path: str, out: str, lock=None) -> int:
     name="esdlock.retried_append", autoretry_for=(LockUnavailable,), retry_kwargs={"countdown": 0.2}, max_retries=50
 )
 @locked(tree=lambda path: path, namespace="celery", timeout=0, lock_arg="lock")
-def retried_append(path: str, out: str, lock=None) -> int:
+def retried_append(path: str, out: str, lock=None) -> dict:
+    """Return the token and how many times Celery retried the task before it got its lock."""
+    from celery import current_task
+
     _append(out, token=lock.token)
-    return lock.token
+    return {"token": lock.token, "retries": current_task.request.retries}
 
 
 @app.task(name="esdlock.resumed_append")
@@ -123,5 +126,5 @@ def resumed_append(path: str, out: str, ticket: str | None = None, lock=None) ->
 def stuck_change(path: str, out: str, started: str, lock=None) -> None:
     """Record progress, say so in ``started``, then hang until the test kills the worker."""
     lock.checkpoint({"done": 1})
-    _append(started, token=lock.token)
+    _append(started, token=lock.token, holder=lock.holder_id)
     time.sleep(120)

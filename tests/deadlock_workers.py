@@ -30,7 +30,8 @@ def nested_rounds(config: dict[str, Any], plans: list[dict[str, Any]], barrier: 
     An outcome is ``granted`` (the inner lock was taken), ``victim`` (it
     raised LockDeadlock: its cycle's size is kept), ``held`` (no inner lock:
     held the outer one for ``hold`` seconds) or ``idle``; with the wall-clock
-    times the inner request started and ended, for the latency.
+    times (one host: one clock) the inner request started, was granted and
+    ended, for the order of events and the printed latency.
     """
     setup_django()
     from django_esdlock.conf import load_backend
@@ -47,7 +48,7 @@ def nested_rounds(config: dict[str, Any], plans: list[dict[str, Any]], barrier: 
             if plan["inner"] is not None:
                 try:
                     with build(backend, plan["inner"], timeout=ROUND_WAIT):
-                        outcome["outcome"] = "granted"
+                        outcome.update(outcome="granted", granted=time.time())
                 except LockDeadlock as e:
                     outcome.update(outcome="victim", cycle=len(e.cycle.requests), message=str(e))
             elif outer is not None:

@@ -29,9 +29,6 @@ DEADLOCK_TIMEOUT = 0.5
 HOLD = 3 * DEADLOCK_TIMEOUT
 """How long a holder that waits for nothing holds: waiters behind it look for a cycle more than once."""
 
-SLACK = 5.0
-"""Seconds past the deadlock timeout a victim may take on a loaded machine ("a few polls"); generous on purpose."""
-
 NAMESPACE = "deadlock"
 
 
@@ -132,6 +129,10 @@ def test_cycles_have_one_victim_each_chains_none_and_nothing_is_left_held(lock_c
             assert seen[victim]["cycle"] == len(cycle), f"{seen[victim]['message']} ({where})"
             formed = max(seen[i]["started"] for i in cycle)
             latencies.append(seen[victim]["ended"] - formed)
+            # The victim gave up first, then the one waiting for its resource got it: the victim broke the cycle.
+            (behind,) = [i for i in cycle if targets[i] == victim]
+            granted = seen[behind].get("granted", float("inf"))  # not granted at all: the outcome check below says so
+            assert seen[victim]["ended"] <= granted, f"{behind} got in before the victim gave up: {where}"
         for i, o in enumerate(seen):
             if i not in victims:
                 expected = (
@@ -142,7 +143,7 @@ def test_cycles_have_one_victim_each_chains_none_and_nothing_is_left_held(lock_c
                     else "idle"
                 )
                 assert o["outcome"] == expected, where
-    assert latencies and max(latencies) < DEADLOCK_TIMEOUT + SLACK, latencies
+    assert latencies, f"no cycle in {len(rounds)} rounds (seed {seed})"
     print(
         f"deadlock latency over {len(latencies)} cycles (timeout {DEADLOCK_TIMEOUT}s): "
         f"p50 {statistics.median(latencies):.3f}s, max {max(latencies):.3f}s"

@@ -9,12 +9,14 @@ from django.contrib.messages import get_messages
 from django.test import AsyncClient, override_settings
 
 from django_esdlock import get_backend
+from django_esdlock.conf import load_backend
 from django_esdlock.signals import lock_acquired, lock_released
 from example_project.fs.tree import README
 
 from .contract import all_holders
 from .example_support import example_fs
 from .peer import Peer
+from .waiting_state import wait_for_waiters
 
 DIRECTORY = "/clinton/projects/elasticsearch"
 TIMEOUT = 60.0
@@ -87,16 +89,21 @@ def test_two_concurrent_renames_of_one_file_wait_in_turn_and_leave_no_lock(fs, p
 
     async def main():
         client = AsyncClient()
-        both = asyncio.gather(
+        both = asyncio.gather(  # started as tasks at once
             arename(client, README, "first.txt", viewing=DIRECTORY, wait=True),
             arename(client, README, "second.txt", viewing=DIRECTORY, wait=True),
         )
-        await asyncio.sleep(0.5)  # both requests are waiting on the peer's lock by now
+        # Both requests wait on the peer's lock: their markers are in the store (the loop runs them meanwhile).
+        await asyncio.to_thread(wait_for_waiters, watcher, 2, what="both renames waiting", timeout=TIMEOUT / 2)
         assert not both.done()
         await asyncio.to_thread(peer.release, "readme")
         return await both
 
-    responses = run(main())
+    watcher = load_backend(fs.lock_config)
+    try:
+        responses = run(main())
+    finally:
+        watcher.close()
     outcomes = sorted(messages_of(response)[0] for response in responses)
     # One renamed the file; the other, let in after it, found it gone: their checks and moves never overlapped.
     (level, text), (other_level, other_text) = outcomes

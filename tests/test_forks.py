@@ -22,6 +22,7 @@ from django_esdlock.locks import _registry, _renewer
 
 from .black_hole import black_holed
 from .contract import refused_to_another_owner
+from .leases import wait_renewed
 
 # Forking a process that runs threads (the renewer) is the very case under test.
 pytestmark = pytest.mark.filterwarnings("ignore:.*multi-threaded.*fork:DeprecationWarning")
@@ -109,13 +110,6 @@ def assert_parent_still_holds(lock, backend, path: str) -> None:
     assert refused_to_another_owner(path, backend) == "refused"
 
 
-def wait_past(moment: float, timeout: float = 60.0) -> None:
-    """Return once ``time.monotonic()`` is past ``moment`` (bounded)."""
-    assert moment - time.monotonic() < timeout
-    while time.monotonic() <= moment:
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def backend(store_config):
     backend = load_backend({**store_config, "TTL": TTL})
@@ -126,11 +120,10 @@ def backend(store_config):
 def test_os_fork_inside_a_with_block(backend):
     path = "/fork/x"
     with lock_tree(path, backend=backend) as lock:
-        acquired = time.monotonic()
         seen = in_fork(lambda: inherited_checks(lock, backend, path))
         assert_inherited(seen, os.getpid())
-        # The parent is untouched: its renewer goes on past three leases, its release is a release.
-        wait_past(acquired + 3 * TTL)
+        # The parent is untouched: its renewer goes on past three leases (in the store), its release is a release.
+        wait_renewed(backend, lock, leases=3, ttl=TTL)
         assert_parent_still_holds(lock, backend, path)
     assert lock.lost is False and backend.node_holders(lock.targets[-1][0]) == []
 

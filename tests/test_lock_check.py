@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
+import random
 from io import StringIO
 
 import pytest
@@ -20,18 +22,44 @@ pytest_plugins = ["django_esdlock.testing"]
 SHORT = {"seconds": 5.0, "processes": 3, "ttl": 1.0}
 """Short mode: one pause, one kill and (where it applies) one store cut, in a few seconds."""
 
+LONG = {"seconds": 60.0, "processes": 6, "ttl": 1.0}
+"""The long run: a minute of every fault the store supports, more processes."""
+
+
+def run_seed() -> int:
+    """ESDLOCK_LOCK_CHECK_SEED to replay a run, else a new seed each run: every run explores another history."""
+    given = os.environ.get("ESDLOCK_LOCK_CHECK_SEED")
+    seed = int(given) if given else random.SystemRandom().randrange(2**31)
+    print(f"lock_check seed {seed} (replay: ESDLOCK_LOCK_CHECK_SEED={seed})")
+    return seed
+
+
+def assert_claims_kept(result, seed: int, *, pauses: int, kills: int) -> None:
+    """0 violations, every fault the store supports injected, nothing left held; any failure names the seed."""
+    replay = f"seed {seed} (replay: ESDLOCK_LOCK_CHECK_SEED={seed})"
+    assert result.ok, f"{replay}\n{result.report()}"
+    summary = result.summary
+    assert summary["grants"] > 10, f"{replay}: {summary}"
+    assert summary["faults"]["pause"] >= pauses and summary["faults"]["kill"] >= kills, f"{replay}: {summary}"
+    if "sqlite" in result.backend.lower():
+        assert "store" in result.skipped and summary["faults"]["store"] == 0, f"{replay}: {summary}"
+    else:
+        assert summary["faults"]["store"] >= 1, f"{replay}\n{result.report()}"
+    assert summary["leftovers"] == 0, f"{replay}: {summary}"
+
 
 @pytest.mark.slow  # multi-process, like the stress tests: ./runtests runs it on every store, tox leaves it out
 def test_every_store_keeps_its_claims_under_faults(lock_check, store_config):
-    result = lock_check({**store_config, "DEADLOCK_TIMEOUT": 0.3}, seed=11, **SHORT)  # nested holds: cycles too
-    assert result.ok, result.report()
-    summary = result.summary
-    assert summary["grants"] > 10 and summary["faults"]["pause"] >= 1 and summary["faults"]["kill"] >= 1
-    if "sqlite" in result.backend.lower():
-        assert "store" in result.skipped and summary["faults"]["store"] == 0
-    else:
-        assert summary["faults"]["store"] >= 1, result.report()
-    assert summary["leftovers"] == 0
+    seed = run_seed()
+    result = lock_check({**store_config, "DEADLOCK_TIMEOUT": 0.3}, seed=seed, **SHORT)  # nested holds: cycles too
+    assert_claims_kept(result, seed, pauses=1, kills=1)
+
+
+@pytest.mark.slow
+def test_every_store_keeps_its_claims_for_a_minute_of_every_fault(lock_check, store_config):
+    seed = run_seed()
+    result = lock_check({**store_config, "DEADLOCK_TIMEOUT": 0.3}, seed=seed, **LONG)
+    assert_claims_kept(result, seed, pauses=3, kills=3)
 
 
 @pytest.fixture
@@ -261,7 +289,9 @@ def test_the_failover_fault_applies_only_to_a_cluster_it_can_restart(es_url, sql
         backend = load_backend(config)
         try:
             failover, why = _failover(config, backend, "ns", options, print)
-            assert failover is None and ("single Elasticsearch node" in why or "could not list" in why), why
+            # The test server is one node (genuine or noida-db, which answers the nodes API too): that is the
+            # reason, not an error of the nodes API.
+            assert failover is None and why.startswith("a single Elasticsearch node"), why
             # Three nodes: no restart command, or nodes elsewhere with the default kill, and it is skipped too.
             backend.setup()
             three = Failover(backend, backend.index, FailoverCommands(restart=None), print)

@@ -35,20 +35,23 @@ def test_results_come_back_in_order():
     assert run_processes(_square, [(1,), (2,), (3,)], timeout=PATIENCE) == [1, 4, 9]
 
 
+def _still_running(workers) -> bool:
+    return all(process.is_alive() for process, _ in workers._started)
+
+
 def test_a_worker_that_raises_fails_the_call_with_its_traceback():
-    started = time.monotonic()
+    # Its traceback, not the patience running out (that would say "sent nothing for 120s").
     with pytest.raises(WorkerDied, match=r"(?s)worker 0 failed:.*RuntimeError: the environment broke"):
         run_processes(_raise, [("the environment broke",)], timeout=PATIENCE)
-    assert time.monotonic() - started < PATIENCE / 2
 
 
 def test_a_worker_that_exits_without_a_result_fails_the_call_at_once():
-    started = time.monotonic()
     with spawned(_sleep, [(PATIENCE,)]) as sleepers, spawned(_exit_hard, [(3,)]) as dying:
         with pytest.raises(WorkerDied, match="exited with 3"):
             dying.results(timeout=PATIENCE)
-        sleepers.check()  # still running: nothing to report yet
-    assert time.monotonic() - started < PATIENCE / 2
+        # Reported while a worker that sleeps for the whole patience still runs: at once, not at the timeout.
+        sleepers.check()
+        assert _still_running(sleepers), "the death was reported only after the patience ran out"
 
 
 def test_a_dead_peer_fails_its_next_call_at_once():
@@ -57,9 +60,8 @@ def test_a_dead_peer_fails_its_next_call_at_once():
         assert peer.pid() > 0
         peer.process.kill()
         peer.process.join(timeout=10)
-        started = time.monotonic()
+        # Its death, not its silence: a call that waited out its timeout would raise TimeoutError instead.
         with pytest.raises(AssertionError, match="peer exited with -9"):
             peer.pid()
-        assert time.monotonic() - started < 30
     finally:
         peer.close()

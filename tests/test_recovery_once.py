@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import pytest
@@ -16,6 +15,7 @@ from django_esdlock.records import Kind, LockRequest, Node, Owner
 
 from . import handlers  # noqa: F401  (registers the test recovery handlers)
 from .contract import all_holders
+from .leases import backdate
 
 LEASE = 1.0
 
@@ -32,7 +32,7 @@ def dead_holder_with_intent(backend, path: str, out) -> str:
     """A holder whose lease has run out, carrying an intent whose handler appends a line to ``out``."""
     intent = {"op": "test-append", "file": str(out)}
     request = LockRequest(
-        f"dead-{uuid.uuid4().hex}", Owner.current(), ((Node("default", Kind.TREE, path), Mode.X),), 0.2, intent=intent
+        f"dead-{uuid.uuid4().hex}", Owner.current(), ((Node("default", Kind.TREE, path), Mode.X),), 30, intent=intent
     )
     assert backend.acquire(request) is not None
     return request.holder_id
@@ -42,19 +42,17 @@ def runs(out) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
 
 
-def wait_expired(backend, holder_ids, timeout: float = 10) -> None:
-    """Until every record of these holders has expired by the store's clock (the admin's view of it)."""
-    deadline = time.monotonic() + timeout
-    while any(r.holder_id in holder_ids and not r.expired for r in all_holders(backend)):
-        assert time.monotonic() < deadline, "the leases did not run out"
-        time.sleep(0.05)
+def expire(config, holder_ids) -> None:
+    """Make these holders' leases run out, by the store's own clock (back-dated: no wait, no clock lag)."""
+    for holder_id in holder_ids:
+        backdate(config, holder_id)
 
 
-def test_a_release_that_fails_after_the_handler_does_not_run_it_again(backend, monkeypatch, tmp_path):
+def test_a_release_that_fails_after_the_handler_does_not_run_it_again(backend, store_config, monkeypatch, tmp_path):
     first_out, second_out = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
     first = dead_holder_with_intent(backend, "/a-job", first_out)  # reaped first: node order
     second = dead_holder_with_intent(backend, "/b-job", second_out)
-    wait_expired(backend, {first, second})
+    expire(store_config, [first, second])
 
     release = backend.release
     failed = []
@@ -75,7 +73,7 @@ def test_a_release_that_fails_after_the_handler_does_not_run_it_again(backend, m
     (left,) = [r for r in all_holders(backend) if r.holder_id == first]
     assert left.recovery["state"] == DONE and left.recovery["attempts"] == 1
 
-    wait_expired(backend, {first})  # the reaper's own lease on it runs out
+    expire(store_config, [first])  # the reaper's own lease on it runs out
     report = Reaper(backend).run()
     assert [r["holder"]["holder_id"] for r in report.finished] == [first]
     assert report.recovered == [] and report.failed == []
@@ -83,15 +81,15 @@ def test_a_release_that_fails_after_the_handler_does_not_run_it_again(backend, m
     assert all_holders(backend) == []
 
 
-def test_a_failing_handler_is_one_holders_failure(backend, tmp_path):
+def test_a_failing_handler_is_one_holders_failure(backend, store_config, tmp_path):
     """A handler that raises marks its holder failed; the holders after it in the same pass are recovered."""
     marker = tmp_path / "marker"
     intent = {"op": "test-fail-once", "marker": str(marker), "file": str(tmp_path / "never.jsonl")}
-    failing = LockRequest("failing", Owner.current(), ((Node("default", Kind.TREE, "/a-job"), Mode.X),), 0.2, intent)
+    failing = LockRequest("failing", Owner.current(), ((Node("default", Kind.TREE, "/a-job"), Mode.X),), 30, intent)
     assert backend.acquire(failing) is not None
     out = tmp_path / "ok.jsonl"
     ok = dead_holder_with_intent(backend, "/b-job", out)
-    wait_expired(backend, {"failing", ok})
+    expire(store_config, ["failing", ok])
     report = Reaper(backend).run()
     assert [f["holder"]["holder_id"] for f in report.failed] == ["failing"]
     assert [r["holder"]["holder_id"] for r in report.recovered] == [ok] and len(runs(out)) == 1

@@ -31,6 +31,7 @@ from . import (
     locked_tasks,
 )
 from .contract import all_holders
+from .leases import backdate, wait_until
 from .peer import SPAWN, setup_django
 from .procs import spawned
 from .stress import LEAVES
@@ -103,8 +104,9 @@ def test_the_claim_fences_off_the_view(lock_config, backend):
 
 def test_an_expired_ticket_raises_lock_lost(lock_config, backend):
     view = lock_tree("/late", namespace="fs", ttl=30, backend=backend).acquire()
-    ticket = view.handoff(ttl=0.3)
-    time.sleep(0.5)
+    holder = view.holder_id
+    ticket = view.handoff(ttl=30)
+    backdate(lock_config, holder)  # the ticket's lease ran out, by the store's clock
     with pytest.raises(LockLost, match="lease ran out"):
         with resume_lock(ticket, backend=backend):
             pytest.fail("an expired ticket was claimed")
@@ -117,8 +119,9 @@ def test_an_unclaimed_ticket_with_intent_is_recovered_by_the_reaper(lock_config,
     view = lock_tree("/job", namespace="fs", intent={"op": "test-append", "file": str(out)}, backend=backend)
     view.acquire()
     view.checkpoint({"done": 7})
-    ticket = view.handoff(ttl=0.3)
-    time.sleep(0.5)
+    holder = view.holder_id
+    ticket = view.handoff(ttl=30)
+    backdate(lock_config, holder)
     with pytest.raises(LockUnavailable):  # expired, but its intent keeps it until recovered
         lock_tree("/job", namespace="fs", timeout=0, backend=backend).acquire()
     report = Reaper(backend).run()
@@ -277,8 +280,13 @@ def _use(config):
     override_settings(LOCK_BACKEND=config).enable()
 
 
-def _task_worker(config, counters, last_tokens, violations, rounds, seed, use_async) -> list[int]:
-    """Run ``rounds`` locked tasks on random paths of the stress tree; return how often each leaf was bumped."""
+def _task_worker(config, counters, last_tokens, violations, rounds, seed, use_async, me, progress, barrier):
+    """Run at least ``rounds`` locked tasks on random paths of the stress tree, from a common start.
+
+    Go on (bounded) until the other worker has run a task while this one was
+    running its own: the two really overlapped. Return how often each leaf
+    was bumped and whether they overlapped.
+    """
     import random
 
     _use(config)
@@ -288,7 +296,9 @@ def _task_worker(config, counters, last_tokens, violations, rounds, seed, use_as
     tasks.SHARED.update(counters=counters, last_tokens=last_tokens, violations=violations)
     rng = random.Random(seed)
     tally = [0] * len(LEAVES)
-    for _ in range(rounds):
+    barrier.wait(60)
+    other_at_start, overlapped, done = progress[1 - me], False, 0
+    while done < rounds or (not overlapped and done < 50 * rounds):
         path = rng.choice(TREE)
         if use_async:
             asyncio.run(tasks.abump(path))
@@ -296,17 +306,26 @@ def _task_worker(config, counters, last_tokens, violations, rounds, seed, use_as
             tasks.bump.call(path)
         for i in leaves_under(path):
             tally[i] += 1
-    return tally
+        done += 1
+        progress[me] = done
+        # The other ran a task while this one was running its own: both were at work at once.
+        overlapped = overlapped or progress[1 - me] != other_at_start
+    return tally, overlapped
 
 
 def test_two_workers_never_run_conflicting_locked_tasks_at_once(lock_config):
     counters = SPAWN.Array("q", len(LEAVES), lock=False)
     last_tokens = SPAWN.Array("q", len(LEAVES), lock=False)
     violations = SPAWN.Value("q", 0, lock=False)
-    args = [(lock_config, counters, last_tokens, violations, TASK_ROUNDS, seed, seed == 1) for seed in range(2)]
+    progress, barrier = SPAWN.Array("q", 2), SPAWN.Barrier(2)
+    args = [
+        (lock_config, counters, last_tokens, violations, TASK_ROUNDS, seed, seed == 1, seed, progress, barrier)
+        for seed in range(2)
+    ]
     with spawned(_task_worker, args) as workers:
-        tallies = workers.results(timeout=120)
-    expected = [sum(column) for column in zip(*tallies, strict=True)]
+        outcomes = workers.results(timeout=180)
+    assert all(overlapped for _, overlapped in outcomes), f"the workers never ran at once: {list(progress)} tasks"
+    expected = [sum(column) for column in zip(*(tally for tally, _ in outcomes), strict=True)]
     assert list(counters) == expected, "a locked task ran while a conflicting one did"
     assert violations.value == 0
 
@@ -366,7 +385,13 @@ def test_no_process_slips_in_between_view_and_worker(lock_config, backend):
                 inside.value += 1
                 if inside.value != 1:
                     violations.value += 1
-                time.sleep(0.005)  # let the contender queue up behind the view
+                # The contender queues up behind the view: the hand-off must beat a waiter, not an empty node.
+                wait_until(
+                    lambda: (
+                        contender.check() or any(w.holder_id != view.holder_id for w in backend.wait_state().waiters)
+                    ),
+                    what=f"round {round_}: the contender's waiting marker",
+                )
                 tickets.put(view.handoff(ttl=30))
             # The worker's claim and release, while the contender waits for the path.
             deadline = time.monotonic() + 60

@@ -25,6 +25,7 @@ from django_esdlock import lock_tree
 from . import handlers  # noqa: F401  (registers the test recovery handlers)
 from .contract import all_holders
 from .dbstores import postgres_store
+from .leases import backdate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,8 +58,13 @@ class Worker:
         if self.process.poll() is not None:
             raise AssertionError(f"the celery worker exited with {self.process.returncode}:\n{self.tail()}")
 
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
+    def tail(self, size: int | None = 4000) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return text[-size:] if size else text
+
+    def retries_of(self, task_id: str) -> int:
+        """How many times the worker logged a retry of task ``task_id`` (Celery logs each at INFO)."""
+        return sum(1 for line in self.tail(None).splitlines() if f"[{task_id}] retry:" in line)
 
     def kill(self) -> None:
         assert self.process is not None
@@ -139,9 +145,16 @@ def test_a_task_that_cannot_get_its_lock_is_retried_by_celery(worker, tmp_path):
     with lock_tree("/celery/busy", namespace="celery") as held:
         held_token = held.token
         result = retried_append.delay("/celery/busy", str(out))
-        time.sleep(1.0)  # the worker tries, gets LockUnavailable, and Celery schedules retries
-        assert not out.exists()
-    assert worker.result(result) > held_token
+        # The worker tries, gets LockUnavailable, and Celery retries it: seen in the worker's own log.
+        deadline = time.monotonic() + 60
+        while (retries := worker.retries_of(result.id)) < 2:
+            worker.check()
+            assert result.state != "FAILURE", f"the task failed instead of being retried:\n{worker.tail()}"
+            assert time.monotonic() < deadline, f"{retries} retries within 60s; worker log:\n{worker.tail()}"
+            time.sleep(0.05)
+        assert not out.exists(), "the task body ran while the lock was held elsewhere"
+    outcome = worker.result(result)
+    assert outcome["token"] > held_token and outcome["retries"] >= retries, outcome
     assert holders(worker.config) == []
 
 
@@ -171,7 +184,7 @@ def test_a_worker_killed_mid_task_is_recovered_by_the_reaper(worker, tmp_path):
         time.sleep(0.05)
     (run,) = [json.loads(line) for line in started.read_text().splitlines()]
     worker.kill()
-    time.sleep(1.3)  # the task's lease (ttl=1) runs out; its intent keeps the lock
+    backdate(worker.config, run["holder"])  # the dead task's lease ran out; its intent keeps the lock
     report = io.StringIO()
     with override_settings(LOCK_BACKEND=worker.config):
         call_command("reap_locks", "--json", stdout=report)

@@ -53,3 +53,18 @@ class NoWaitStateBackend(DatabaseLockBackend):
 
     def wait_state(self, nodes=None):
         return BaseLockBackend.wait_state(self, nodes)
+
+
+def wait_for_waiters(backend, count: int, *, what: str, key: str | None = None, timeout: float = 30.0) -> list:
+    """Poll the store until ``count`` distinct requests wait (on node ``key`` if given); return their markers.
+
+    Observed in the store's own waiting markers: "they are waiting by now"
+    without a sleep that guesses it.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        markers = [w for w in backend.wait_state().waiters if key is None or w.node.key == key]
+        if len({w.holder_id for w in markers}) >= count:
+            return markers
+        assert time.monotonic() < deadline, f"{what}: {len(markers)} marker(s) after {timeout:g}s, wanted {count}"
+        time.sleep(0.02)
