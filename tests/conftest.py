@@ -169,8 +169,8 @@ class SharedStores:
         if kind == "elasticsearch":
             made = stack.enter_context(shared_es_store(self._request.getfixturevalue("es_url")))
         else:
-            stack.enter_context(self._blocker.unblock())  # the tables are made through Django's connections
-            made = stack.enter_context(shared_db_store(kind))
+            with self._blocker.unblock():  # the tables are made through Django's connections
+                made = stack.enter_context(shared_db_store(kind))
         return (*made, stack)
 
     def get(self, kind: str) -> dict:
