@@ -208,9 +208,15 @@ def shared_stores(request, django_db_blocker):
 
 
 @pytest.fixture(params=STORES)
-def store_config(request, shared_stores):
+def store_config(request, shared_stores, django_db_blocker):
     """A LOCK_BACKEND config on an empty store of each kind (one per kind for the run, emptied before each test)."""
-    return shared_stores.get(request.param)
+    config = shared_stores.get(request.param)
+    if request.param == "elasticsearch":
+        yield config
+        return
+    # The database backend opens its own connections, which pytest-django blocks by default.
+    with django_db_blocker.unblock():
+        yield config
 
 
 @pytest.fixture(params=STORES)

@@ -50,8 +50,9 @@ class TestAsyncContractDrivers(LockBackendContract):
     api = AsyncApi
 
     @pytest.fixture(params=["postgres", "sqlite"])
-    def lock_config(self, request, shared_stores):
-        return shared_stores.get(request.param)
+    def lock_config(self, request, shared_stores, django_db_blocker):
+        with django_db_blocker.unblock():  # the database backend opens connections of its own
+            yield shared_stores.get(request.param)
 
 
 for _name in dir(LockBackendContract):
