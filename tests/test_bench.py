@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import re
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -29,8 +30,9 @@ def verdict(figure: dict) -> bool | None:
     goal = figure["goal"]
     if goal is None:
         return None
-    if goal.startswith("< ") and goal.endswith(" s"):  # a value goal: "< 1 s"
-        return figure["value"] <= float(goal[2:-2])
+    value_goal = re.fullmatch(r"[<≤] ([0-9.]+) (s|ms)", goal)  # a value goal, in seconds: "< 1 s", "≤ 5 ms"
+    if value_goal:
+        return figure["value"] <= float(value_goal[1]) * (0.001 if value_goal[2] == "ms" else 1)
     ratio = figure["value"] / figure["baseline"]
     if goal == "= depth 1":  # round trips per acquire at depth d, no more than at depth 1
         return ratio <= 1
