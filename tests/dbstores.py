@@ -16,7 +16,7 @@ import tempfile
 import threading
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 
@@ -80,7 +80,29 @@ def clear_store(config: dict) -> None:
             connection.execute("DELETE FROM esdlock_waiter")
     else:
         with psycopg.connect(url, autocommit=True) as connection:
+            # A connection a test left in a transaction on these tables fails the reset, not the run.
+            connection.execute("SET lock_timeout = '20s'")
             connection.execute("TRUNCATE esdlock_holder, esdlock_grant, esdlock_node, esdlock_waiter")
+
+
+@contextlib.contextmanager
+def shared_db_store(kind: str) -> Iterator[tuple[dict, Callable[[], bool]]]:
+    """Yield a config on a store of ``kind`` ("postgres" or "sqlite") with its tables made, and a ``reset()``.
+
+    ``reset()`` empties the lock tables for the next test (the token source
+    keeps counting up) and returns False when it cannot: the caller then
+    takes a fresh store instead.
+    """
+    with (postgres_store if kind == "postgres" else sqlite_store)() as config:
+
+        def reset() -> bool:
+            try:
+                clear_store(config)
+            except (psycopg.Error, sqlite3.Error):
+                return False
+            return True
+
+        yield config, reset
 
 
 def sqlite_path(config: dict) -> str:

@@ -18,14 +18,18 @@ def setup_django() -> None:
     django.setup()
 
 
-def build_lock(config: dict, spec: dict):
-    """Build a Lock from a plain spec: ``{"scheme": "tree"|"documents"|"global"|"raw", ...}``."""
+def build_lock(config: dict, spec: dict, backend=None):
+    """Build a Lock from a plain spec: ``{"scheme": "tree"|"documents"|"global"|"raw", ...}``.
+
+    ``backend`` defaults to a new one on ``config``.
+    """
     from django_esdlock.conf import load_backend
     from django_esdlock.locks import Lock, global_lock, lock_documents, lock_tree
     from django_esdlock.modes import Mode
     from django_esdlock.records import Kind, Node
 
-    backend = load_backend(config)
+    if backend is None:
+        backend = load_backend(config)
     kwargs = {k: spec[k] for k in ("timeout", "ttl") if k in spec}
     scheme = spec["scheme"]
     if scheme == "tree":
@@ -49,21 +53,37 @@ def build_lock(config: dict, spec: dict):
 
 def _serve(config: dict, conn) -> None:
     setup_django()
+    from django_esdlock.conf import load_backend
     from django_esdlock.exceptions import LockBackendUnavailable, LockError
 
     held: dict[str, Any] = {}
+    backend = None  # one per test: a reset closes it, so nothing a test left in it reaches the next
+
+    def give_back() -> None:
+        nonlocal backend
+        for lock in held.values():
+            with contextlib.suppress(LockError):
+                lock.release()
+        held.clear()
+        if backend is not None:
+            backend.close()
+            backend = None
+
     while True:
         command, args = conn.recv()
         try:
             if command == "stop":
-                for lock in held.values():
-                    with contextlib.suppress(LockError):
-                        lock.release()
+                give_back()
                 conn.send(("ok", None))
                 return
-            if command == "acquire":
+            if command == "reset":
+                give_back()
+                conn.send(("ok", None))
+            elif command == "acquire":
                 name, spec = args
-                lock = build_lock(config, spec)
+                if backend is None:
+                    backend = load_backend(config)
+                lock = build_lock(config, spec, backend)
                 try:
                     lock.acquire()
                 except LockBackendUnavailable:
@@ -120,6 +140,10 @@ class Peer:
 
     def pid(self) -> int:
         return self._call("pid")
+
+    def reset(self) -> None:
+        """Release everything this peer holds and drop its backend: it is then as good as a new one."""
+        self._call("reset", timeout=30)
 
     def close(self) -> None:
         if self.process.is_alive():

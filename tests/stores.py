@@ -49,3 +49,65 @@ def es_backend(url: str) -> Iterator[Any]:
             yield backend
         finally:
             backend.close()
+
+
+def _es_shape(config: dict) -> dict | None:
+    """What a reset must find unchanged: the indices named like the lock index, their aliases, mappings and settings."""
+    from elasticsearch import Elasticsearch, NotFoundError
+
+    index = config["OPTIONS"]["index"]
+    with contextlib.closing(Elasticsearch(config["OPTIONS"]["hosts"])) as client:
+        try:
+            found = client.indices.get(index=f"{index}*").body
+        except NotFoundError:
+            return None
+    return {
+        name: {
+            "aliases": value.get("aliases"),
+            "mappings": value.get("mappings"),
+            # what setup() chose, without what differs between two creations of the same index
+            "settings": {
+                k: v
+                for k, v in value.get("settings", {}).get("index", {}).items()
+                if k not in ("uuid", "creation_date", "version", "provided_name")
+            },
+        }
+        for name, value in found.items()
+    }
+
+
+@contextlib.contextmanager
+def shared_es_store(url: str) -> Iterator[tuple[dict, Any]]:
+    """Yield a config on a lock index set up now, and a ``reset()`` that empties it for the next test.
+
+    ``reset()`` returns False when the index is no longer what setup made
+    (deleted, recreated, remapped, resettled, or joined by another index of
+    its name): the caller then takes a fresh store instead. Emptying keeps
+    the index and its shard, so fencing tokens (the shard's sequence
+    numbers) keep increasing from one test to the next, as a store's do.
+    """
+    from elasticsearch import Elasticsearch
+
+    from django_esdlock.conf import load_backend
+
+    with es_store(url) as config:
+        backend = load_backend(config)
+        try:
+            backend.setup()
+        finally:
+            backend.close()
+        shape = _es_shape(config)
+        index = config["OPTIONS"]["index"]
+
+        def reset() -> bool:
+            if _es_shape(config) != shape:
+                return False
+            with contextlib.closing(Elasticsearch(config["OPTIONS"]["hosts"])) as client:
+                client.indices.refresh(index=index)  # delete_by_query finds only what a search sees
+                for _ in range(5):  # a document a leftover writer changed meanwhile is skipped: go again
+                    client.delete_by_query(index=index, query={"match_all": {}}, conflicts="proceed", refresh=True)
+                    if client.count(index=index)["count"] == 0:
+                        return True
+            return False
+
+        yield config, reset

@@ -10,10 +10,12 @@ from .contract import all_holders
 from .waiting_state import leave_a_deadlock
 
 
-@pytest.fixture
-def lock_config(store_config, settings):
-    settings.LOCK_BACKEND = store_config
-    return store_config
+@pytest.fixture(params=["elasticsearch"])
+def lock_config(request, shared_stores, settings):
+    """One store: the pages show what any backend reports, and tests/test_admin.py proves them on every store."""
+    config = shared_stores.get(request.param)
+    settings.LOCK_BACKEND = config
+    return config
 
 
 @pytest.mark.django_db(transaction=True)

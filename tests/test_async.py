@@ -130,8 +130,6 @@ def test_timeout_by_asyncio_leaves_nothing(backend):
             with pytest.raises(TimeoutError):
                 await asyncio.create_task(late())
 
-    if not hasattr(asyncio, "timeout"):
-        pytest.skip("asyncio.timeout needs Python 3.11")
     run(main(), backend)
     assert all_holders(backend) == []
 

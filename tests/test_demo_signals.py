@@ -73,6 +73,10 @@ def test_demo_serves_then_stops_its_noida_db_on(signum, tmp_path, noida_dir):
         wait_for(lines, "listening on ", seen)
         noida = seen[-1].split("listening on ")[1].split()[0]
         wait_for(lines, f"Open http://127.0.0.1:{port}/", seen)
+        said = "".join(seen)  # seeded, then fs_race's text report (its numbers: tests/test_example_commands.py)
+        assert "Seeding" in said and "Indexed" in said, said
+        assert "no locks" in said and "no locks, versions" in said, said
+        assert "With lock_tree: both renames applied in 1 of 1 rounds" in said, said
         wait_for(lines, "A task worker runs the renames", seen)
         worker_pid = int(seen[-1].rsplit("pid ", 1)[1].rstrip(".\n"))
         wait_for(lines, "Quit the server with CONTROL-C", seen)

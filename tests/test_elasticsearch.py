@@ -29,7 +29,11 @@ from .stores import es_store
 
 
 @pytest.fixture
-def lock_config(es_url):
+def lock_config(request, es_url, shared_stores):
+    """The contract classes: the run's index, emptied. This module's own tests (setup, mappings): a fresh one."""
+    if request.cls is not None:
+        yield shared_stores.get("elasticsearch")
+        return
     with es_store(es_url) as config:
         yield config
 

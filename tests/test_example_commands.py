@@ -1,15 +1,19 @@
-"""The example project's commands: fs_seed, fs_rename, fs_race and demo, run with call_command."""
+"""The example project's commands: fs_seed, fs_rename, fs_race and demo, run with call_command.
+
+The demo as a user starts it (noida-db started, seeded, raced, served, stopped) is tests/test_demo_signals.py.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
-import urllib.request
 
 import pytest
 from django.core.management import CommandError, call_command
 
 from example_project.fs.documents import DIR, ROOT, parent_of
+from example_project.fs.race import RaceReport, Round
 from example_project.fs.renames import StaleToken, move_tree
 from example_project.fs.tree import README, entry_id
 
@@ -113,7 +117,11 @@ def test_the_store_refuses_a_write_with_an_older_token(fs):
     assert move_tree(fs.index, "/bill-new", "/clinton", token=10) == moved  # the same token may write again
 
 
-def test_race_report_numbers(fs):
+def test_race_report_numbers_and_text(fs):
+    """The suite's one fs_race control: without locks the race goes wrong, with lock_tree never; both as text too.
+
+    The demo's tests (here and tests/test_demo_signals.py) run fs_race's text mode inside the demo.
+    """
     report = json.loads(run("fs_race", "--files", "300", "--rounds", "3", "--json"))
     summary = report["summary"]
     unlocked = [summary["blind"], summary["versioned"]]
@@ -129,39 +137,12 @@ def test_race_report_numbers(fs):
             assert played["readme"] == "/bill/projects/elasticsearch/README.asciidoc"
             assert played["under_dst"] == played["seeded"] and played["under_src"] == 0
             assert played["order"] in ("mass first", "README first")
-
-
-def test_race_report_text(fs):
-    out = run("fs_race", "--files", "200", "--rounds", "1")
-    assert "no locks" in out and "no locks, versions" in out and "lock_tree" in out
-    assert "With lock_tree: both renames applied in 1 of 1 rounds, in a serial order; 0 lost, 0 documents" in out
-
-
-@pytest.mark.django_db(transaction=True)
-def test_demo_starts_noida_seeds_races_and_stops_it(fs, tmp_path, settings):
-    settings.ELASTICSEARCH_URL = ""  # the fresh machine: no Elasticsearch configured
-    out = run(
-        "demo",
-        "--no-serve",
-        "--files",
-        "300",
-        "--race-files",
-        "200",
-        "--race-rounds",
-        "1",
-        "--data-dir",
-        str(tmp_path / "noida"),
-        "--es-port",
-        "0",
-        "--no-race-tasks",  # tests/test_example_tasks.py races the tasks column
-    )
-    assert "Starting a local noida-db" in out
-    url = out.split("listening on ")[1].split()[0]
-    assert "Indexed" in out and "With lock_tree: both renames applied in 1 of 1 rounds" in out
-    assert "Open http://127.0.0.1:8000/" in out
-    with pytest.raises(OSError):
-        urllib.request.urlopen(url, timeout=2)  # stopped on the way out
-    assert not (tmp_path / "noida" / "demo-server.pid").exists()
+    # The same race as the text report shows it.
+    fields = [field.name for field in dataclasses.fields(Round)]
+    rounds = [Round(**{name: played[name] for name in fields}) for played in report["rounds"]]
+    text = RaceReport(report["files"], rounds, report["seconds"]).render()
+    assert "no locks" in text and "no locks, versions" in text and "lock_tree" in text
+    assert "With lock_tree: both renames applied in 3 of 3 rounds, in a serial order; 0 lost, 0 documents" in text
 
 
 @pytest.mark.django_db(transaction=True)
