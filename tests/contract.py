@@ -19,6 +19,7 @@ from django_esdlock.records import Kind, LockRequest, Node, Owner
 
 from .apis import SyncApi
 from .expiry import expire
+from .leases import wait_until
 
 
 def all_holders(backend) -> list:
@@ -47,15 +48,6 @@ def raw_grant(backend, path: str, mode: Mode, *, ttl: float, namespace: str = "d
     grant = backend.acquire(request)
     assert grant is not None
     return grant
-
-
-def wait_until(predicate, what: str, timeout: float = 30.0):
-    """Poll ``predicate`` until it returns something true; return that, or fail saying ``what`` never happened."""
-    deadline = time.monotonic() + timeout
-    while not (found := predicate()):
-        assert time.monotonic() < deadline, f"{what}: not seen within {timeout:g}s"
-        time.sleep(0.02)
-    return found
 
 
 def markers_on(backend, path: str, namespace: str = "default") -> list:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -20,7 +19,7 @@ from django_esdlock.records import Kind, LockRequest, Node, Owner
 
 from . import handlers  # noqa: F401  (registers the test recovery handlers)
 from .contract import refused_to_another_owner
-from .leases import wait_renewed
+from .leases import wait_renewed, wait_until
 
 TTL = 2.0
 
@@ -55,13 +54,6 @@ def raising_receivers(error: type[BaseException] = RuntimeError, to=SIGNALS) -> 
     finally:
         for signal in to:
             signal.disconnect(dispatch_uid=uid)
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not met within {timeout:g}s"
-        time.sleep(0.02)
 
 
 def nothing_left_of(lock, backend) -> bool:

@@ -22,7 +22,7 @@ from django_esdlock.conf import load_backend
 
 from .black_hole import black_holed
 from .contract import refused_to_another_owner
-from .leases import wait_renewed
+from .leases import wait_renewed, wait_until
 from .peer import SPAWN, setup_django
 
 TTL = 2.0
@@ -32,13 +32,6 @@ KEPT_TTL = 3.0
 """The healthy lock's: its renewals must not fail on a busy machine while it is watched for three leases."""
 
 ROUNDS = 10
-
-
-def wait_until(predicate, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not met within {timeout:g}s"
-        time.sleep(0.01)
 
 
 def test_a_black_holed_connection_holds_back_no_other_lock(store_config):
