@@ -130,7 +130,7 @@ def test_quick_run_reports_every_figure_next_to_its_baseline(es_url, tmp_path):
         assert tasks["baseline"] == figures[f"{store}.async.pair"]["value"]
     # --peers: the locks users would otherwise pick, measured beside ours on PostgreSQL (the [bench] extra).
     if not BENCH_EXTRA:
-        assert {figure["note"][:13] for figure in peers.values()} == {"not installed"}
+        assert peers and all("not installed" in figure["note"] for figure in peers.values()), peers
         pytest.skip("the [bench] extra is not installed: lock_bench --peers measured no peer")
     assert set(peers) == {
         f"postgres.peer.{p}.{f}" for p in ("tooz_pg", "redis_lock") for f in ("pair", "contention")
