@@ -328,6 +328,7 @@ class LockBackendContract:
             assert backend.release(lock.grant) is True  # an operator removes it behind our back
             assert isinstance(peer.acquire("thief", scheme="tree", path="/fragile", timeout=0), dict)
             wait_until(lambda: lock.lost, "the renewer noticing the record gone")
+            wait_until(lambda: lost_reasons, "lock_lost sent")  # marked lost first, then the signal is sent
             with pytest.raises(LockLost):
                 lock.check()
             with pytest.raises(LockLost):
