@@ -197,6 +197,12 @@ request can be re-executed after it was applied (the write timeout, a new primar
 RELEASE_TOMBSTONES_KEPT = 16
 """Release tombstones one node keeps at most, the newest: a hot shared node is not left to grow."""
 
+MARKER_TTL_RTTS = 8
+"""A waiting marker lasts at least this many acquire answers (see ``_marker_ttl_ms``)."""
+
+RTT_SMOOTHING = 0.2
+"""Weight of the latest acquire's answer time in the smoothed one."""
+
 QUIET_RELEASE_RETRY = 1.0
 """Seconds an acquire that failed keeps trying to give back what it took; the lease ends the rest."""
 
@@ -886,6 +892,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
         """Ids of nodes lately found existing, oldest first (a hint: a wrong one costs a round trip)."""
         self._blocked: dict[str, tuple[frozenset[str], int]] = {}
         """holder id of a waiting request -> ids of the nodes that refused its last attempt, and its queue place."""
+        self._acquire_rtt = 0.0
+        """Seconds an acquire takes to answer, smoothed: a waiting marker outlasts a few of them."""
         self._full: dict[str, list[tuple[Node, int]]] = {}
         """holder id -> the nodes that refused its last attempt for keeping max_holders_per_node holders."""
 
@@ -1454,6 +1462,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
             self._full.pop(request.holder_id, None)
         probe = [t for t in request.targets if t[0].id in blocked]
         outcome = AcquireOutcome([], [], [], 0)
+        sent = time.monotonic()
         try:
             if probe:
                 items = yield from self._bulk_steps(self._acquire_items(probe, holder, request), "acquire", retry_for=0)
@@ -1466,6 +1475,10 @@ class ElasticsearchLockBackend(BaseLockBackend):
             nodes = [n for n, _ in request.targets]
             yield from self._release_steps(request.holder_id, request.owner.key, nodes, quiet=True)
             raise
+        took = time.monotonic() - sent
+        self._acquire_rtt = (
+            took if not self._acquire_rtt else self._acquire_rtt + (took - self._acquire_rtt) * RTT_SMOOTHING
+        )
         if outcome.errors or outcome.refused or outcome.busy:
             failed = bool(outcome.errors or outcome.busy)
             # A busy item may have been written all the same (to too few shard copies): give back every node.
@@ -1557,7 +1570,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
             "conflicts": sorted(m.value for m in modes.conflicting(mode)),
             "reentrant": request.reentrant,
             "ticket": request.ticket,
-            "marker_ttl_ms": self.marker_ttl_ms,
+            "marker_ttl_ms": self._marker_ttl_ms(),
             "ttl_ms": request.ttl_ms,
             "node": _node_fields(node),
             "max_holders": self.max_holders_per_node,
@@ -1642,7 +1655,17 @@ class ElasticsearchLockBackend(BaseLockBackend):
         """The head of a queue polls every ``queued_poll_cap``; each request before this one doubles its pause."""
         with self._sole_lock:
             _, ahead = self._blocked.get(request.holder_id, ((), 0))
-        return min(self.marker_ttl / 3, self.queued_poll_cap * 2 ** min(ahead, 16))
+        return min(self._marker_ttl_ms() / 3000, self.queued_poll_cap * 2 ** min(ahead, 16))
+
+    def _marker_ttl_ms(self) -> int:
+        """The lease of a waiting marker: :attr:`marker_ttl`, or longer while the store is slow to answer.
+
+        A poll renews its marker once half of it is gone (see ACQUIRE): with a
+        lease of a few answers, a store that answers slowly is not polled with
+        a write each time (the writes of a busy node's markers would slow it
+        further, until every poll writes).
+        """
+        return max(self.marker_ttl_ms, round(MARKER_TTL_RTTS * self._acquire_rtt * 1000))
 
     def _forget_sole(self, holder_id: str) -> dict[str, tuple[int, int]]:
         """Return the conditional-delete facts of ``holder_id`` that are of the current incarnations, and forget all.

@@ -6,6 +6,7 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 
 BUFFER = 65536
 
@@ -19,6 +20,8 @@ class Proxy:
     forwarded any more, either way, and every socket stays open (new
     connections are accepted and left waiting), as when a peer hangs or a
     network drops packets; :meth:`resume` forwards what was held and goes on.
+    :attr:`latency` delays every answer (bytes from the target) that long: a
+    slow store.
     """
 
     def __init__(self, target_host: str, target_port: int) -> None:
@@ -35,6 +38,8 @@ class Proxy:
         self.refused = 0
         self.held = 0
         """Connections and chunks of bytes that arrived while black-holed (a call caught there)."""
+        self.latency = 0.0
+        """Seconds each chunk of bytes from the target waits before it is forwarded."""
         self._thread = threading.Thread(target=self._accept, name="lock-check-proxy", daemon=True)
         self._thread.start()
 
@@ -63,12 +68,14 @@ class Proxy:
             with self._lock:
                 self._sockets.update((client, upstream))
                 self.connections += 1
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, answers in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pump, args=(a, b, answers), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
         try:
             while data := source.recv(BUFFER):
+                if answers and self.latency:
+                    time.sleep(self.latency)
                 if not self._flowing.is_set():
                     with self._lock:
                         self.held += 1
