@@ -13,6 +13,7 @@ from typing import Any
 from . import signals
 from .backends.base import BaseLockBackend
 from .locks import Lock
+from .modes import is_grant
 from .records import HolderRecord, Owner, main_record, pid_namespace, process_start
 from .recovery import get_handler
 
@@ -240,6 +241,25 @@ class Reaper:
                 signals.send(signals.lock_reaped, sender=type(self), holder=record)
         report.dead_local.extend(records)
 
+    def _free_remnants(self, records: list[HolderRecord], report: ReapReport) -> None:
+        """Free a holder whose main node (the one that keeps its intent) is gone: only its intention entries are left.
+
+        A release or a recovery gives back the main node with the others, after
+        the work the intent describes; one applied in part (a store that failed
+        halfway) can leave the intention entries, which block as an intent's
+        holder does but name no intent to recover: they would stay forever.
+        """
+        if self.dry_run:
+            report.evicted.extend(records)
+            return
+        if not release_if_unchanged(self.backend, records):
+            report.changed.append(main_record(records))
+            return
+        for record in records:
+            logger.info("freed holder %s of %s: its main node was released already", record.holder_id, record.node)
+            signals.send(signals.lock_reaped, sender=type(self), holder=record)
+        report.evicted.extend(records)
+
     def _recover(
         self,
         records: list[HolderRecord],
@@ -249,6 +269,9 @@ class Reaper:
         require_unchanged: bool = False,
     ) -> None:
         main = main_record(records)
+        if not is_grant(main.mode):
+            self._free_remnants(records, report)
+            return
         intent = dict(main.intent or {})
         previous = dict(main.recovery or {})
         done = previous.get("state") == DONE

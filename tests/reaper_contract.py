@@ -166,6 +166,23 @@ class ReaperContract:
         assert signalled == ["/orphan"]
         assert [h.node.key for h in all_holders(backend)] == ["/orphan"]
 
+    def test_a_holder_whose_main_node_alone_was_released_is_freed(self, lock_config, backend, peers):
+        """A release applied in part leaves intention entries that name no intent: freed, never unrecoverable."""
+        victim = peers()
+        held = victim.acquire("w", scheme="tree", path="/part/ly", intent={"op": "nobody-handles-this"}, ttl=30)
+        victim.kill()
+        (main,) = [h.node for h in all_holders(backend) if h.holder_id == held["holder_id"] and h.mode is Mode.X]
+        backend.force_release(held["holder_id"], [main])  # the main node's part of a release
+        # PostgreSQL gives a holder back whole (its grant row); Elasticsearch and SQLite node by node.
+        if any(h.holder_id == held["holder_id"] for h in all_holders(backend)):
+            expire(backend, held["holder_id"])
+            report = reap(lock_config)
+            assert report["counts"]["unrecoverable"] == 0, report["unrecoverable"]
+            assert report["counts"]["evicted"] == 1, report
+        assert all_holders(backend) == []
+        with lock_tree("/part", timeout=0, backend=backend):
+            pass
+
     def test_namespace_and_grace_limit_what_is_reaped(self, lock_config, backend, peers):
         victim = peers()
         victim.acquire("a", scheme="tree", path="/n", namespace="one", ttl=30)
