@@ -213,7 +213,7 @@ class BaseLock:
             targets=self.targets,
             ttl=self.ttl or backend.ttl,
             intent=self.intent,
-            reentrant=self.reentrant,
+            reentrant=self.reentrant and _holds_some_of(self),
             # A request that may wait queues from its first refusal (fair
             # waiting): its markers make newcomers wait behind it at once, so
             # its wait is bounded by the holds already there when it came.
@@ -626,6 +626,20 @@ def _check_self_deadlock(lock: BaseLock) -> None:
                 f"this {'task' if current_task() else 'thread'} already holds {node} in mode {held_mode} ({held!r}); "
                 f"waiting for mode {mode} would wait for itself"
             )
+
+
+def _holds_some_of(lock: BaseLock) -> bool:
+    """Return True if this thread (or task) holds, by a reentrant lock not lost, one of ``lock``'s nodes in its mode.
+
+    Only then may the store treat a node as already held (a no-op). An entry
+    of this owner that the store still keeps without such a lock (a release
+    that did not reach it, a lock lost) is a holder like any other until its
+    lease ends: a no-op there would be a grant with no entry of its own.
+    """
+    wanted = set(lock.targets)
+    return any(
+        held.reentrant and not held.lost and wanted.intersection(held.targets) for held in _registry.of_current_holder()
+    )
 
 
 class _Workers:
