@@ -232,14 +232,8 @@ class Reaper:
         if any(r.intent for r in records):
             self._recover(records, report, require_expired=False, require_unchanged=True)
             return
-        if not self.dry_run:
-            if not release_if_unchanged(self.backend, records):
-                report.changed.append(main_record(records))
-                return
-            for record in records:
-                logger.info("freed holder %s of %s: its process is gone", record.holder_id, record.node)
-                signals.send(signals.lock_reaped, sender=type(self), holder=record)
-        report.dead_local.extend(records)
+        if self.dry_run or self._free_listed(records, report, "its process is gone"):
+            report.dead_local.extend(records)
 
     def _free_remnants(self, records: list[HolderRecord], report: ReapReport) -> None:
         """Free a holder whose main node (the one that keeps its intent) is gone: only its intention entries are left.
@@ -249,16 +243,18 @@ class Reaper:
         halfway) can leave the intention entries, which block as an intent's
         holder does but name no intent to recover: they would stay forever.
         """
-        if self.dry_run:
+        if self.dry_run or self._free_listed(records, report, "its main node was released already"):
             report.evicted.extend(records)
-            return
+
+    def _free_listed(self, records: list[HolderRecord], report: ReapReport, why: str) -> bool:
+        """Release the holder of ``records`` if it is still as listed, telling why; False (reported) if it changed."""
         if not release_if_unchanged(self.backend, records):
             report.changed.append(main_record(records))
-            return
+            return False
         for record in records:
-            logger.info("freed holder %s of %s: its main node was released already", record.holder_id, record.node)
+            logger.info("freed holder %s of %s: %s", record.holder_id, record.node, why)
             signals.send(signals.lock_reaped, sender=type(self), holder=record)
-        report.evicted.extend(records)
+        return True
 
     def _recover(
         self,
