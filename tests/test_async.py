@@ -8,7 +8,6 @@ import random
 import pytest
 
 from django_esdlock import LockDeadlock, LockUnavailable, aglobal_lock, alock_documents, alock_tree
-from django_esdlock.conf import load_backend
 
 from .contract import all_holders
 
@@ -135,18 +134,9 @@ def test_timeout_by_asyncio_leaves_nothing(backend):
     assert all_holders(backend) == []
 
 
-@pytest.fixture
-def fresh_backend(fresh_store_config):
-    """A backend on a store of its own: noida-db's cost of a node grows with the history a shared index keeps."""
-    backend = load_backend(fresh_store_config)
-    yield backend
-    backend.close()
-
-
 @pytest.mark.slow
-def test_a_hundred_tasks_contending_for_one_tree_never_overlap(fresh_backend):
+def test_a_hundred_tasks_contending_for_one_tree_never_overlap(backend):
     """100 tasks, one process: exclusive holds of a subtree never overlap, fencing tokens only grow."""
-    backend = fresh_backend
     tasks, rounds = 100, 3
     paths = ["/r", "/r/a", "/r/b", "/r/a/x"]
     inside: dict[str, int] = {}
