@@ -105,7 +105,7 @@ def _row(record: HolderRecord) -> dict[str, Any]:
 
 def _waiting_rows(graph: WaitGraph, limit: int) -> list[dict[str, Any]]:
     """One row per waiting request, with the edges out of it, oldest request first; the first ``limit``."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     in_cycle, victims = graph.cycle_edges, graph.victims
     members = {r.holder_id for cycle in graph.cycles for r in cycle.requests}
     waiting_of: dict[str, str] = {}

@@ -48,7 +48,7 @@ from .records import Grant, HolderRecord, Kind, Node, Owner
 SALT = "django_esdlock.handoff"
 """Signing salt of tickets: a ticket is signed with SECRET_KEY, so a forged or altered one is refused."""
 
-_NEVER = datetime.datetime.fromtimestamp(0, tz=datetime.timezone.utc)
+_NEVER = datetime.datetime.fromtimestamp(0, tz=datetime.UTC)
 
 
 @dataclasses.dataclass(frozen=True)

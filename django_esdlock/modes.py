@@ -5,16 +5,13 @@ from __future__ import annotations
 import enum
 
 
-class Mode(str, enum.Enum):
+class Mode(enum.StrEnum):
     """A lock mode (Gray et al.): intention shared/exclusive, shared, exclusive."""
 
     IS = "IS"
     IX = "IX"
     S = "S"
     X = "X"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # The single source of truth: which held mode lets which requested mode in.

@@ -20,15 +20,12 @@ MAX_NODE_ID_BYTES = 512
 """Elasticsearch's ``_id`` limit; longer node ids are replaced by a digest."""
 
 
-class Kind(str, enum.Enum):
+class Kind(enum.StrEnum):
     """Which scheme of the chapter a node belongs to."""
 
     TREE = "tree"
     DOCUMENT = "doc"
     GLOBAL = "global"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -234,7 +231,7 @@ class HolderRecord:
     @property
     def expired(self) -> bool:
         """Whether the lease has run out by this host's clock (for display; stores judge by theirs)."""
-        return self.expires_at <= datetime.datetime.now(datetime.timezone.utc)
+        return self.expires_at <= datetime.datetime.now(datetime.UTC)
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-ready view, as ``reap_locks --json`` and the admin show it."""
@@ -274,7 +271,7 @@ class WaiterRecord:
     @property
     def since(self) -> datetime.datetime:
         """When the request began to wait (from its ticket)."""
-        return datetime.datetime.fromtimestamp(self.ticket / 1e9, tz=datetime.timezone.utc)
+        return datetime.datetime.fromtimestamp(self.ticket / 1e9, tz=datetime.UTC)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -321,4 +318,4 @@ class HolderPage:
 def from_epoch_ms(value: int | float | None) -> datetime.datetime | None:
     if value is None:
         return None
-    return datetime.datetime.fromtimestamp(value / 1000, tz=datetime.timezone.utc)
+    return datetime.datetime.fromtimestamp(value / 1000, tz=datetime.UTC)

@@ -264,9 +264,9 @@ def test_waiting_page_shows_a_queue_without_a_cycle(viewer, lock_config, backend
     now = time.time_ns()
     wait(backend, "writer", "/q", Mode.X, ticket=now - 2_000_000_000)
     wait(backend, "second", "/q", Mode.S, ticket=now)  # compatible with the reader, queued behind the writer
-    before = datetime.datetime.now(datetime.timezone.utc)
+    before = datetime.datetime.now(datetime.UTC)
     response = viewer.get(WAITING)
-    after = datetime.datetime.now(datetime.timezone.utc)
+    after = datetime.datetime.now(datetime.UTC)
     graph = response.context["graph"]
     assert [r.holder_id for r in graph.requests] == ["writer-waits", "second-waits"]  # oldest first
     assert {(e.waiter, e.blocker, e.blocker_mode.value, e.queued) for e in graph.edges} == {

@@ -23,7 +23,7 @@ from django_esdlock.deadlock import (
 from django_esdlock.modes import Mode
 from django_esdlock.records import HolderRecord, Kind, Node, WaiterRecord, WaitState
 
-LATER = datetime.datetime(2100, 1, 1, tzinfo=datetime.timezone.utc)
+LATER = datetime.datetime(2100, 1, 1, tzinfo=datetime.UTC)
 
 
 def node(path: str) -> Node:

@@ -33,7 +33,7 @@ The quadratic construction took 100x (and more: it searched once per request).
 QUADRATIC_UP_TO = 1_000
 """The quadratic construction is timed up to this size only: at 10,000 it would list some 29 million edges."""
 NAMESPACE = "bench-waiting"
-_LATER = datetime.datetime(2100, 1, 1, tzinfo=datetime.timezone.utc)
+_LATER = datetime.datetime(2100, 1, 1, tzinfo=datetime.UTC)
 
 
 def crowd_state(size: int, seed: int = 24) -> WaitState:

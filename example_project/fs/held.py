@@ -51,7 +51,7 @@ def _main_records(records: Iterable[HolderRecord]) -> list[HolderRecord]:
 
 
 def _as_held(record: HolderRecord, *, covers_view: bool) -> HeldLock:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     return HeldLock(
         path=record.node.key,
         mode=record.mode.value,

@@ -683,7 +683,7 @@ class DatabaseLockBackend(BaseLockBackend):
         try:
             # A session whose call is cancelled is closed, not reused (see aio.LoopSessions.session).
             return await asyncio.wait_for(self._acall("renew", self._sessions().rowcount, call), timeout) == 1
-        except asyncio.TimeoutError as e:
+        except TimeoutError as e:
             raise LockBackendUnavailable(f"{self.describe()} failed to renew within {timeout:.3f}s") from e
 
     async def awithdraw(self, request: LockRequest) -> None:
