@@ -48,7 +48,7 @@ def _expire_sql(backend, holder_ids: Iterable[str], *, holders: bool, markers: b
         tables.append("esdlock_holder" if backend.vendor == "sqlite" else "esdlock_grant")
     if markers:
         tables.append("esdlock_waiter")
-    settings = backend._base_settings()
+    settings = backend.connection.settings_dict  # the lock connection's (its NAME follows the test runner)
     moved = 0
     if backend.vendor == "sqlite":
         # SQLite keeps timestamps as text, in the backend's own format.

@@ -46,10 +46,12 @@ def test_a_worker_that_raises_fails_the_call_with_its_traceback():
 
 
 def test_a_worker_that_exits_without_a_result_fails_the_call_at_once():
-    with spawned(_sleep, [(PATIENCE,)]) as sleepers, spawned(_exit_hard, [(3,)]) as dying:
+    # The sleeper sleeps half the patience: a death read only when the patience ran out (the sleeper's own
+    # clock starts after the call's, once its interpreter is up) would find it gone.
+    with spawned(_sleep, [(PATIENCE / 2,)]) as sleepers, spawned(_exit_hard, [(3,)]) as dying:
         with pytest.raises(WorkerDied, match="exited with 3"):
             dying.results(timeout=PATIENCE)
-        # Reported while a worker that sleeps for the whole patience still runs: at once, not at the timeout.
+        # Reported while that sleeper still runs: at once, not at the timeout.
         sleepers.check()
         assert _still_running(sleepers), "the death was reported only after the patience ran out"
 
