@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import fcntl
 import json
 import os
 from collections.abc import Callable
@@ -96,6 +97,31 @@ def _postgres_alias_of_this_run(django_db_blocker):
             yield
         finally:
             connections["postgres"].close()
+
+
+@pytest.fixture(scope="session")
+def _test_processes_lock(tmp_path_factory):
+    """Under pytest-xdist: a file every test process opens, shared by tests and held alone by ``alone`` tests."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield None
+        return
+    # The parent of a worker's base temp is the run's own folder, the same for every worker of the run.
+    with open(tmp_path_factory.getbasetemp().parent / "test-processes.lock", "a") as file:
+        yield file
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_shared(request, _test_processes_lock):
+    """A test marked ``alone`` (a circuit breaker tripped for the whole node, cluster nodes killed) waits until
+    the tests of the other test processes end, and holds theirs back until it ends; the others share."""
+    if _test_processes_lock is None:
+        yield
+        return
+    fcntl.flock(_test_processes_lock, fcntl.LOCK_EX if request.node.get_closest_marker("alone") else fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        fcntl.flock(_test_processes_lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

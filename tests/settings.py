@@ -48,11 +48,17 @@ TEMPLATES = [
         },
     }
 ]
+_TEST_SQLITE = os.environ.get("ESDLOCK_TEST_SQLITE", "test-default.sqlite3")
+# pytest-django names a parallel run's test database TEST NAME + "_<tox env>" + "_<xdist worker>"; NAME says the
+# same, so the processes a test starts (which read NAME, not TEST) open the database of their own test process.
+_TEST_SQLITE_HERE = "_".join(
+    [_TEST_SQLITE, *filter(None, (os.environ.get("TOX_PARALLEL_ENV"), os.environ.get("PYTEST_XDIST_WORKER")))]
+)
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": os.environ.get("ESDLOCK_TEST_SQLITE", "test-default.sqlite3"),
-        "TEST": {"NAME": os.environ.get("ESDLOCK_TEST_SQLITE", "test-default.sqlite3")},
+        "NAME": _TEST_SQLITE_HERE,
+        "TEST": {"NAME": _TEST_SQLITE},
     },
     # DATABASE_URL, else 127.0.0.1:5432, else a throwaway server started here, before any connection is made.
     "postgres": environ.Env.db_url_config(test_database_url()),

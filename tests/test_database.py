@@ -759,6 +759,7 @@ def test_release_wakes_the_waiting_session_through_notify(pg_config, backend_of)
     backend = backend_of(pg_config)
     assert backend.supports_notify
     peer = Peer(pg_config)
+    releaser = threading.Timer(0.2, peer.release, args=("held",))
     try:
         peer.acquire("held", scheme="tree", path="/wake/me")
         peer.acquire("elsewhere", scheme="tree", path="/unrelated")
@@ -769,10 +770,12 @@ def test_release_wakes_the_waiting_session_through_notify(pg_config, backend_of)
         assert backend.acquire(request) is None
         peer.release("elsewhere")
         assert listener.wait(backend.connection, 0.5) is False  # nobody waits there: no notification at all
-        threading.Timer(0.2, peer.release, args=("held",)).start()
+        releaser.start()
         assert listener.wait(backend.connection, 30) is True
         assert backend.acquire(request) is not None
     finally:
+        if releaser.ident is not None:  # its answer read off the peer's pipe before the next call: one reader at once
+            releaser.join(30)
         peer.close()
 
 
@@ -780,6 +783,7 @@ def test_release_wakes_only_waiters_it_may_free(pg_config, backend_of):
     """Giving back intention locks on a shared ancestor wakes nobody waiting for a leaf; the leaf's release does."""
     backend = backend_of(pg_config)
     peer = Peer(pg_config)
+    releaser = threading.Timer(0.2, peer.release, args=("held",))
     try:
         peer.acquire("held", scheme="tree", path="/t/leaf")
         peer.acquire("sibling", scheme="tree", path="/t/sibling")
@@ -791,10 +795,12 @@ def test_release_wakes_only_waiters_it_may_free(pg_config, backend_of):
         peer.release("sibling")  # IX on /t and X on /t/sibling: frees nothing this request waits for
         assert listener.wait(backend.connection, 0.5) is False
         assert backend.acquire(request) is None
-        threading.Timer(0.2, peer.release, args=("held",)).start()
+        releaser.start()
         assert listener.wait(backend.connection, 30) is True
         assert backend.acquire(request) is not None
     finally:
+        if releaser.ident is not None:  # its answer read off the peer's pipe before the next call: one reader at once
+            releaser.join(30)
         peer.close()
 
 

@@ -33,6 +33,8 @@ from .contract import all_holders
 from .leases import backdate, wait_until
 from .stores import es_store
 
+pytestmark = pytest.mark.alone  # the breaker trips for every client of the node, another test's too
+
 BREAKER = "network.breaker.inflight_requests.limit"
 PATIENCE = 60.0
 """Longest a test waits for the store to refuse, or for a request to get through once it is restored."""

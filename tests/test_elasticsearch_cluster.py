@@ -26,6 +26,7 @@ pytest_plugins = ["django_esdlock.testing"]
 
 pytestmark = [
     pytest.mark.cluster,
+    pytest.mark.alone,  # nodes killed and restarted: no other test's load beside them
     pytest.mark.skipif(not cluster.hosts(), reason="no ELASTICSEARCH_HOSTS (the three-node cluster)"),
 ]
 

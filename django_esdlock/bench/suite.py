@@ -168,43 +168,47 @@ def run(options: Options, say: Callable[[str], None] = lambda message: None) -> 
         facts={"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_before": os.getloadavg()},
     )
     pool = None
-    if POOL_STAGES.intersection(options.only):
-        say(f"starting {max(options.workers, options.churners)} worker processes")
-        pool = WorkerPool(max(options.workers, options.churners), settings_module)
-    try:
-        if pool is not None:
-            report.facts["wake_floor"] = pool.wake_floor(rounds=max(10, options.wake_rounds // 2))
-        if "graph" in options.only:
-            try:
-                report.figures += graph_figures(options.graph_sizes, say)
-            except Exception as e:  # noqa: BLE001 - as a stage: the stores' figures still run
-                report.errors.append({"store": "no store", "stage": "graph", "error": _describe(e)})
-                say(f"graph failed: {e}")
-        if not set(options.only) - {"graph"}:
-            return report
-        for store in options.stores:
-            try:
-                with _kit(store, options) as kit:
-                    report.facts[store] = kit.facts()
-                    try:
-                        for stage, measure in _stages(kit, pool, options, report.facts, say).items():
-                            if stage not in options.only:
-                                continue
-                            try:
-                                report.figures += measure()
-                            except Exception as e:  # noqa: BLE001 - one broken figure must not hide the others
-                                report.errors.append({"store": store, "stage": stage, "error": _describe(e)})
-                                say(redact(f"{store}: {stage} failed: {e}"))
-                    finally:
-                        if pool is not None:
-                            pool.forget(kit.config)
-            except Exception as e:  # noqa: BLE001 - the store could not be set up: the other may still run
-                report.errors.append({"store": store, "stage": "setup", "error": _describe(e)})
-                say(redact(f"{store}: setup failed: {e}"))
-    finally:
-        if pool is not None:
-            pool.close()
-        report.facts["loadavg_after"] = os.getloadavg()
+    with contextlib.ExitStack() as stores:
+        try:
+            if "graph" in options.only:
+                try:
+                    report.figures += graph_figures(options.graph_sizes, say)
+                except Exception as e:  # noqa: BLE001 - as a stage: the stores' figures still run
+                    report.errors.append({"store": "no store", "stage": "graph", "error": _describe(e)})
+                    say(f"graph failed: {e}")
+            if not set(options.only) - {"graph"}:
+                return report
+            # Every store set up before the worker processes start: a store that cannot be reached fails in
+            # the time its setup takes, and costs no pool.
+            kits = {}
+            for store in options.stores:
+                try:
+                    kits[store] = stores.enter_context(_kit(store, options))
+                except Exception as e:  # noqa: BLE001 - the store could not be set up: the other may still run
+                    report.errors.append({"store": store, "stage": "setup", "error": _describe(e)})
+                    say(redact(f"{store}: setup failed: {e}"))
+            if kits and POOL_STAGES.intersection(options.only):
+                say(f"starting {max(options.workers, options.churners)} worker processes")
+                pool = WorkerPool(max(options.workers, options.churners), settings_module)
+                report.facts["wake_floor"] = pool.wake_floor(rounds=max(10, options.wake_rounds // 2))
+            for store, kit in kits.items():
+                report.facts[store] = kit.facts()
+                try:
+                    for stage, measure in _stages(kit, pool, options, report.facts, say).items():
+                        if stage not in options.only:
+                            continue
+                        try:
+                            report.figures += measure()
+                        except Exception as e:  # noqa: BLE001 - one broken figure must not hide the others
+                            report.errors.append({"store": store, "stage": stage, "error": _describe(e)})
+                            say(redact(f"{store}: {stage} failed: {e}"))
+                finally:
+                    if pool is not None:
+                        pool.forget(kit.config)
+        finally:
+            if pool is not None:
+                pool.close()
+            report.facts["loadavg_after"] = os.getloadavg()
     return report
 
 
