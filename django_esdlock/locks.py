@@ -207,13 +207,15 @@ class BaseLock:
         if documents:
             backend.limits.check_ids(documents)
         _check_self_deadlock(self)
+        reentered = _held_here(self) if self.reentrant else frozenset()
         request = LockRequest(
             holder_id=uuid.uuid4().hex,
             owner=Owner.current(),
             targets=self.targets,
             ttl=self.ttl or backend.ttl,
             intent=self.intent,
-            reentrant=self.reentrant and _holds_some_of(self),
+            reentrant=bool(reentered),
+            reentered=reentered or None,
             # A request that may wait queues from its first refusal (fair
             # waiting): its markers make newcomers wait behind it at once, so
             # its wait is bounded by the holds already there when it came.
@@ -628,17 +630,20 @@ def _check_self_deadlock(lock: BaseLock) -> None:
             )
 
 
-def _holds_some_of(lock: BaseLock) -> bool:
-    """Return True if this thread (or task) holds, by a reentrant lock not lost, one of ``lock``'s nodes in its mode.
+def _held_here(lock: BaseLock) -> frozenset[Node]:
+    """Return the nodes of ``lock`` this thread (or task) holds in the same mode by a reentrant lock not lost.
 
-    Only then may the store treat a node as already held (a no-op). An entry
-    of this owner that the store still keeps without such a lock (a release
-    that did not reach it, a lock lost) is a holder like any other until its
-    lease ends: a no-op there would be a grant with no entry of its own.
+    Only those may the store treat as already held (a no-op). An entry of this
+    owner that the store still keeps without such a lock (a release that did
+    not reach it, a lock lost) is a holder like any other until its lease
+    ends: a no-op there would be a grant with no entry of its own.
     """
     wanted = set(lock.targets)
-    return any(
-        held.reentrant and not held.lost and wanted.intersection(held.targets) for held in _registry.of_current_holder()
+    return frozenset(
+        node
+        for held in _registry.of_current_holder()
+        if held.reentrant and not held.lost
+        for node, mode in wanted.intersection(held.targets)
     )
 
 

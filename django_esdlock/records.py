@@ -179,7 +179,11 @@ class LockRequest:
     ttl: float
     intent: Mapping[str, Any] | None = None
     reentrant: bool = False
-    """Document locks: a node this owner already holds in the same mode counts as taken."""
+    """Document locks: a node this owner already holds in the same mode counts as taken (see ``reentered``)."""
+    reentered: frozenset[Node] | None = None
+    """Of a reentrant request, the nodes that may count as taken that way: those a lock of the asking thread or
+    task holds. An entry of this owner on any other node (a release that never reached the store) is a holder
+    like any other. None: every node (a request made outside a lock, as tests and tools make them)."""
     ticket: int | None = None
     """Queue position (when the request started, ns) of a request that may wait; None: it never queues.
 
@@ -196,6 +200,10 @@ class LockRequest:
     @property
     def ttl_ms(self) -> int:
         return max(1, round(self.ttl * 1000))
+
+    def may_reenter(self, node: Node) -> bool:
+        """Return True if the store may count ``node`` as taken when this owner holds it in the asked mode."""
+        return self.reentrant and (self.reentered is None or node in self.reentered)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -202,6 +202,18 @@ class LockBackendContract:
         with self.api.lock_documents(["6"], timeout=0, backend=backend) as lock:
             assert [h.holder_id for h in all_holders(backend)] == [lock.holder_id]
 
+    def test_a_document_lock_reenters_only_the_ids_its_thread_holds(self, backend):
+        """Id 1 held by a lock of this thread, id 6 by a stale entry of this owner: a lock of both waits for 6."""
+        stale = LockRequest("stale-entry", Owner.current(), ((Node("default", Kind.DOCUMENT, "6"), Mode.X),), 60)
+        with self.api.lock_documents(["1"], timeout=0, backend=backend) as one:
+            assert backend.acquire(stale) is not None  # as a lock of this thread whose release failed left it
+            with pytest.raises(LockUnavailable):
+                self.api.lock_documents(["1", "6"], timeout=0, backend=backend).acquire()
+            expire(backend, "stale-entry")
+            with self.api.lock_documents(["1", "6"], timeout=0, backend=backend) as both:
+                holders = sorted((h.node.key, h.holder_id) for h in all_holders(backend))
+                assert holders == [("1", one.holder_id), ("6", both.holder_id)]  # 1 reentered, 6 its own entry
+
     def test_release_removes_only_own_holder(self, backend, peer):
         peer.acquire("reader", scheme="tree", path="/shared/doc", shared=True)
         with self.api.lock_tree("/shared/doc", shared=True, timeout=0, backend=backend) as mine:

@@ -899,3 +899,18 @@ def test_waiting_markers_are_left_refreshed_and_removed(store, backend_of):
     assert backend.acquire(blocked) is None
     (renewed,) = backend.wait_state().waiters
     assert renewed.expires_at >= first.expires_at > renewed.expires_at - datetime.timedelta(seconds=60)
+
+
+def test_the_previous_releases_acquire_call_still_runs_after_migration_0006(pg_config, backend_of):
+    """A rolling deploy: a process of the release before 0006 calls esdlock_acquire with a boolean p_reentrant."""
+    backend = backend_of(pg_config)
+    backend.setup()
+    node = Node("default", Kind.DOCUMENT, "rolling")
+    request = LockRequest(uuid.uuid4().hex, Owner.current(), ((node, Mode.X),), 30, reentrant=True)
+    statement, params = backend.dialect.acquire_call(request, [node], backend.marker_ttl_ms)
+    assert statement.count("%(reentrant)s::text[]") == 1 and params["reentrant"] == [node.id]
+    previous = statement.replace("%(reentrant)s::text[]", "%(reentrant)s::boolean")
+    with psycopg.connect(pg_config["OPTIONS"]["url"], autocommit=True) as connection:
+        token, taken = connection.execute(previous, {**params, "reentrant": True}).fetchone()
+    assert token > 0 and taken == [node.id]
+    assert [h.holder_id for h in all_holders(backend)] == [request.holder_id]

@@ -292,7 +292,7 @@ def read_acquire_items(
             outcome.token = max(outcome.token, _token(body))
         elif (
             result == "noop"
-            and request.reentrant
+            and request.may_reenter(node)
             and _own_hold(body.get("get", {}).get("_source"), request.owner.key, mode)
         ):
             outcome.token = max(outcome.token, _token(body) if "_seq_no" in body else 0)
@@ -1568,7 +1568,7 @@ class ElasticsearchLockBackend(BaseLockBackend):
         params = {
             "holder": _holder(holder, mode, request),
             "conflicts": sorted(m.value for m in modes.conflicting(mode)),
-            "reentrant": request.reentrant,
+            "reentrant": request.may_reenter(node),
             "ticket": request.ticket,
             "marker_ttl_ms": self._marker_ttl_ms(),
             "ttl_ms": request.ttl_ms,

@@ -115,7 +115,7 @@ SELECT set_config('lock_timeout', '10s', false), set_config('idle_in_transaction
 SELECT token, taken FROM esdlock_acquire(
     %(ids)s::text[], %(namespaces)s::text[], %(kinds)s::text[], %(keys)s::text[], %(parents)s::text[],
     %(depths)s::int[], %(modes)s::text[], %(conflicts)s::text[], %(holder_id)s::text, %(owner)s::jsonb,
-    %(owner_key)s::text, %(ttl_ms)s::float8, %(intent)s::jsonb, %(reentrant)s::boolean, %(ticket)s::bigint,
+    %(owner_key)s::text, %(ttl_ms)s::float8, %(intent)s::jsonb, %(reentrant)s::text[], %(ticket)s::bigint,
     %(marker_ttl_ms)s::float8)
 """
     RELEASE = "SELECT esdlock_release(%(holder_id)s::text, %(owner_key)s::text, %(conflicts)s::jsonb)"
@@ -364,7 +364,7 @@ class PostgresDialect(Dialect):
             "owner_key": request.owner.key,
             "ttl_ms": request.ttl_ms,
             "intent": None if request.intent is None else json.dumps(request.intent, separators=(",", ":")),
-            "reentrant": request.reentrant,
+            "reentrant": [node.id for node in nodes if request.may_reenter(node)],  # the ids it may reenter
             "ticket": request.ticket,
             "marker_ttl_ms": marker_ttl_ms,
         }

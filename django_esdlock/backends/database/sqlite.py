@@ -239,7 +239,7 @@ def decide(request: LockRequest, holders: Sequence[Sequence[Any]], waiters: Sequ
     live)``, ``waiters`` rows ``(node_id, holder_id, mode, ticket)``. A holder
     counts if it is live or carries an intent (it awaits recovery); the
     request's own holder id never counts (a retry replaces it). A reentrant
-    request skips a node its owner already holds live in the same mode, as
+    request skips a node it may reenter that its owner holds live in the same mode, as
     Elasticsearch's ``noop`` does. A marker of another request in a
     conflicting mode refuses a request queued after it (no ticket, or a
     larger one) unless the requester's owner holds the node.
@@ -257,7 +257,7 @@ def decide(request: LockRequest, holders: Sequence[Sequence[Any]], waiters: Sequ
             if holder_id == request.holder_id or not (live or has_intent):
                 continue
             inside = inside or (live and owner_key == request.owner.key)
-            if request.reentrant and live and owner_key == request.owner.key and held_mode == mode.value:
+            if request.may_reenter(node) and live and owner_key == request.owner.key and held_mode == mode.value:
                 reentered = True
             elif not modes.compatible(held_mode, mode):
                 blocked = True
