@@ -28,16 +28,16 @@ is released or renewed only by its owner (``owner_key``).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from django.db import Error as DjangoDatabaseError
 
 from ... import modes
 from ...modes import Mode
+from ...protocol import decide  # SQLite runs the reference model itself
 from ...records import Grant, HolderRecord, LockRequest, Node
 from .common import Dialect, json_text, node_row, page_query, record, records_query
 
@@ -222,56 +222,6 @@ n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner, h.token,
         "awaiting_recovery": f"h.expires_at <= %(cutoff)s AND {_has_intent('h')}",
     }
     RECORDS = records_query(RECORD_COLUMNS, NODE_ORDER, "h.holder_id", **_HOLDERS)
-
-
-class Decision(NamedTuple):
-    """What an attempt does: write ``writes`` (a grant), or nothing, leaving markers on ``refused``."""
-
-    writes: list[tuple[Node, Mode]]
-    refused: list[tuple[Node, Mode]]
-
-
-def decide(request: LockRequest, holders: Sequence[Sequence[Any]], waiters: Sequence[Sequence[Any]] = ()) -> Decision:
-    """Judge a request against the holders and live waiting markers of its nodes (SQLite's copy of
-    the ``esdlock_acquire`` function of PostgreSQL, and of the Elasticsearch acquire script).
-
-    ``holders`` are rows ``(node_id, holder_id, mode, owner_key, has_intent,
-    live)``, ``waiters`` rows ``(node_id, holder_id, mode, ticket)``. A holder
-    counts if it is live or carries an intent (it awaits recovery); the
-    request's own holder id never counts (a retry replaces it). A reentrant
-    request skips a node it may reenter that its owner holds live in the same mode, as
-    Elasticsearch's ``noop`` does. A marker of another request in a
-    conflicting mode refuses a request queued after it (no ticket, or a
-    larger one) unless the requester's owner holds the node.
-    """
-    by_node: dict[str, list[Sequence[Any]]] = collections.defaultdict(list)
-    for row in holders:
-        by_node[row[0]].append(row)
-    markers: dict[str, list[Sequence[Any]]] = collections.defaultdict(list)
-    for row in waiters:
-        markers[row[0]].append(row)
-    writes, refused = [], []
-    for node, mode in dict(request.targets).items():
-        reentered = blocked = inside = False
-        for _node_id, holder_id, held_mode, owner_key, has_intent, live in by_node[node.id]:
-            if holder_id == request.holder_id or not (live or has_intent):
-                continue
-            inside = inside or (live and owner_key == request.owner.key)
-            if request.may_reenter(node) and live and owner_key == request.owner.key and held_mode == mode.value:
-                reentered = True
-            elif not modes.compatible(held_mode, mode):
-                blocked = True
-        if not inside:
-            blocked = blocked or any(
-                holder_id != request.holder_id
-                and not modes.compatible(marker_mode, mode)
-                and (request.ticket is None or ticket < request.ticket)
-                for _node_id, holder_id, marker_mode, ticket in markers[node.id]
-            )
-        if reentered:
-            continue
-        (refused if blocked else writes).append((node, mode))
-    return Decision([] if refused else writes, refused)
 
 
 def _offset(ms: int) -> str:

@@ -1,0 +1,82 @@
+"""The grant decision, once, in Python: the reference every store's copy is tested against.
+
+Each store decides in its own language (Elasticsearch's ACQUIRE script, the
+``esdlock_acquire`` PL/pgSQL function); SQLite runs this one. A differential
+test (``tests/test_protocol_model.py``) drives random requests, releases and
+lease ends into every store and into this model, and compares the grants.
+
+The rules, for one request (all or nothing) and each node it asks for:
+
+1. **Who counts.** A holder counts if its lease is live, or if it carries an
+   intent (ended, it awaits recovery: a reaper finishes or frees it). The
+   request's own holder id never counts: a retry of the same request replaces
+   it.
+2. **Modes.** A counting holder blocks the node if its mode is not compatible
+   with the asked one (:data:`django_esdlock.modes` has the one table).
+3. **Reentry.** A reentrant request (document locks) counts as taken a node
+   it may reenter (:meth:`LockRequest.may_reenter`: one a lock of its thread
+   or task holds) where its owner holds a live entry in the same mode; it
+   writes nothing there and that node is not among those it takes.
+4. **Queues.** A live waiting marker of another request, in a mode that
+   conflicts with the asked one, blocks a request queued after it: one
+   without a ticket, or with a larger ticket. It does not block where the
+   requester's owner holds a live entry (it is inside already; making it
+   wait there could only deadlock it with itself).
+5. **All or nothing.** If any node is blocked, the request writes nothing and
+   is refused on the blocked nodes (where a request with a ticket leaves its
+   markers); otherwise it writes a holder on every node it did not reenter.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from . import modes
+from .modes import Mode
+from .records import LockRequest, Node
+
+
+class Decision(NamedTuple):
+    """What an attempt does: write ``writes`` (a grant), or nothing, leaving markers on ``refused``."""
+
+    writes: list[tuple[Node, Mode]]
+    refused: list[tuple[Node, Mode]]
+
+
+def decide(request: LockRequest, holders: Sequence[Sequence[Any]], waiters: Sequence[Sequence[Any]] = ()) -> Decision:
+    """Judge ``request`` against the holders and live waiting markers of its nodes, by the rules above.
+
+    ``holders`` are rows ``(node_id, holder_id, mode, owner_key, has_intent,
+    live)``, ``waiters`` rows ``(node_id, holder_id, mode, ticket)`` of live
+    markers.
+    """
+    by_node: dict[str, list[Sequence[Any]]] = collections.defaultdict(list)
+    for row in holders:
+        by_node[row[0]].append(row)
+    markers: dict[str, list[Sequence[Any]]] = collections.defaultdict(list)
+    for row in waiters:
+        markers[row[0]].append(row)
+    writes, refused = [], []
+    for node, mode in dict(request.targets).items():
+        reentered = blocked = inside = False
+        for _node_id, holder_id, held_mode, owner_key, has_intent, live in by_node[node.id]:
+            if holder_id == request.holder_id or not (live or has_intent):
+                continue
+            inside = inside or (live and owner_key == request.owner.key)
+            if request.may_reenter(node) and live and owner_key == request.owner.key and held_mode == mode.value:
+                reentered = True
+            elif not modes.compatible(held_mode, mode):
+                blocked = True
+        if not inside:
+            blocked = blocked or any(
+                holder_id != request.holder_id
+                and not modes.compatible(marker_mode, mode)
+                and (request.ticket is None or ticket < request.ticket)
+                for _node_id, holder_id, marker_mode, ticket in markers[node.id]
+            )
+        if reentered:
+            continue
+        (refused if blocked else writes).append((node, mode))
+    return Decision([] if refused else writes, refused)
