@@ -23,8 +23,10 @@ The rules, for one request (all or nothing) and each node it asks for:
    requester's owner holds a live entry (it is inside already; making it
    wait there could only deadlock it with itself).
 5. **All or nothing.** If any node is blocked, the request writes nothing and
-   is refused on the blocked nodes (where a request with a ticket leaves its
-   markers); otherwise it writes a holder on every node it did not reenter.
+   is refused; a request with a ticket leaves its markers on the blocked
+   nodes (the SQL stores on each of them; Elasticsearch, which sends fresh and
+   known nodes in turn and stops at the first refusal, on those it met, at
+   least one). Otherwise it writes a holder on every node it did not reenter.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from django_esdlock.backends.elasticsearch import TOKEN_TERM_SHIFT, read_acquire_items
@@ -76,11 +78,20 @@ def test_other_item_errors_are_errors():
     assert outcome.errors and outcome.taken == [A, C]
 
 
-def test_reentrant_noop_on_own_node_is_not_a_refusal():
-    mine = {"get": {"_source": {"holders": [{"owner": {"key": OWNER.key}, "mode": "X"}]}}}
-    theirs = {"get": {"_source": {"holders": [{"owner": {"key": "other/1"}, "mode": "X"}]}}}
+def test_a_reentry_is_an_update_with_neither_a_holder_nor_a_marker_of_the_request():
+    # ACQUIRE writes a reentered node back unchanged; a no-op is a refusal even where this owner's entry stays
+    # (its lease may have ended by the store's clock: the script, not the caller's clock, judges it).
+    mine = {"get": {"_source": {"holders": [{"id": "h0", "owner": {"key": OWNER.key}, "mode": "X"}]}}}
     req = LockRequest("h1", OWNER, ((A, Mode.X), (B, Mode.X)), 30, reentrant=True)
-    outcome = read_acquire_items(req, [ok("noop", 5, **mine), ok("created", 6)])
+    outcome = read_acquire_items(req, [ok("updated", 5, **mine), ok("created", 6)])
     assert outcome.taken == [B] and not outcome.refused and outcome.token == TERM_1 + 7
-    outcome = read_acquire_items(req, [ok("noop", 5, **theirs), ok("created", 6)])
-    assert outcome.refused == [A]
+    outcome = read_acquire_items(req, [ok("noop", 5, **mine), ok("created", 6)])
+    assert outcome.refused == [A] and outcome.taken == [B]
+    only_b = dataclasses.replace(req, reentered=frozenset({B}))  # A is not one a lock of this thread holds
+    outcome = read_acquire_items(only_b, [ok("updated", 5, **mine), ok("created", 6)])
+    assert outcome.taken == [A, B]  # an update of A, for a request that may not reenter it, took it
+    queued = dataclasses.replace(req, ticket=1)
+    marked = {"get": {"_source": {"holders": mine["get"]["_source"]["holders"], "waiters": [{"id": "h1"}]}}}
+    took_b = {"get": {"_source": {"holders": [{"id": "h1"}]}}}
+    outcome = read_acquire_items(queued, [ok("updated", 5, **marked), ok("created", 6, **took_b)])
+    assert outcome.refused == [A] and outcome.taken == [B]  # its marker on A: it queued there

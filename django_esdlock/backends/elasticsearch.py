@@ -229,15 +229,13 @@ class AcquireOutcome:
     """Refused nodes that keep ``max_holders`` holders or more, with their count (see ACQUIRE)."""
 
 
-def _own_hold(source: Mapping[str, Any] | None, owner_key: str, mode: str) -> bool:
-    for holder in (source or {}).get("holders") or ():
-        if holder.get("owner", {}).get("key") == owner_key and holder.get("mode") == mode:
-            return True
-    return False
-
-
 def _holds(source: Mapping[str, Any] | None, holder_id: str) -> bool:
     return any(holder.get("id") == holder_id for holder in (source or {}).get("holders") or ())
+
+
+def _marks(source: Mapping[str, Any] | None, holder_id: str) -> bool:
+    """Return True if ``source`` keeps a waiting marker of request ``holder_id``."""
+    return any(waiter.get("id") == holder_id for waiter in (source or {}).get("waiters") or ())
 
 
 def _queued_before(source: Mapping[str, Any] | None, ticket: int, mode: modes.Mode) -> int:
@@ -259,8 +257,9 @@ def read_acquire_items(
 ) -> AcquireOutcome:
     """Sort the items of an acquire ``_bulk`` (of ``targets``, default all the request's) into taken, refused, failed.
 
-    ``created``/``updated`` took the node. ``noop`` is a refusal, except for a
-    reentrant request whose node this owner holds already. A 409 (concurrent
+    ``created``/``updated`` took the node, except an update with neither a
+    holder nor a marker of the request: a reentry (ACQUIRE writes such a node
+    back unchanged). ``noop`` is a refusal. A 409 (concurrent
     update or two upserts racing to create the node, after retry_on_conflict)
     wrote nothing: a refusal to retry, never a grant; a busy store's answer
     (429, 503) is neither, and goes to ``busy``. The token is the
@@ -283,19 +282,20 @@ def read_acquire_items(
             continue
         result = body.get("result")
         source = body.get("get", {}).get("_source")
-        if result in ("created", "updated") and request.ticket is not None and not _holds(source, request.holder_id):
+        if (
+            result == "updated"
+            and request.may_reenter(node)
+            and not _holds(source, request.holder_id)
+            and not _marks(source, request.holder_id)
+        ):
+            outcome.token = max(outcome.token, _token(body))  # reentered: written back unchanged (see ACQUIRE)
+        elif result in ("created", "updated") and request.ticket is not None and not _holds(source, request.holder_id):
             outcome.refused.append(node)  # it left a waiting marker, not a holder
             outcome.ahead = max(outcome.ahead, _queued_before(source, request.ticket, mode))
             _note_full(outcome, node, source, max_holders)
         elif result in ("created", "updated"):
             outcome.taken.append(node)
             outcome.token = max(outcome.token, _token(body))
-        elif (
-            result == "noop"
-            and request.may_reenter(node)
-            and _own_hold(body.get("get", {}).get("_source"), request.owner.key, mode)
-        ):
-            outcome.token = max(outcome.token, _token(body) if "_seq_no" in body else 0)
         elif result == "noop":
             outcome.refused.append(node)
             if request.ticket is not None:
@@ -1532,7 +1532,9 @@ class ElasticsearchLockBackend(BaseLockBackend):
         """Return the ``_bulk`` lines of ACQUIRE for ``batch``, asking for the holders back where they are read."""
         fields = ["lock_count"]  # a refusal by a full node is told apart (see refusal_reason)
         if request.reentrant or request.ticket is not None:
-            fields += ["holders.id", "holders.owner.key", "holders.mode"]
+            fields += ["holders.id"]
+        if request.reentrant or request.ticket is not None:  # a marker of the request (and see read_acquire_items)
+            fields += ["waiters.id"]
         if request.ticket is not None:  # its place in the queues (see queued_poll_interval)
             fields += ["waiters.ticket", "waiters.mode"]
         return [

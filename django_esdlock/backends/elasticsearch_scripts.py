@@ -110,8 +110,11 @@ if (kept.isEmpty() && markers == 0) {
 ACQUIRE = (
     """
 // Add params.holder to this node unless a live holder is in a mode of
-// params.conflicts. A node the same owner already holds in the same mode is a
-// no-op when params.reentrant (document locks). A holder with the same id
+// params.conflicts. A node the same owner already holds live in the same mode
+// is reentered when params.reentrant (document locks): the node is written
+// back unchanged, so the answer ("updated", with neither a holder nor a marker
+// of this request) tells a reentry from a refusal's no-op, whatever the
+// caller's clock says of its own entry's lease. A holder with the same id
 // (the request was retried after a lost response) is replaced, never doubled.
 //
 // Fair waiting: a request that has waited carries params.ticket (its queue
@@ -186,7 +189,9 @@ if (ctx._source.waiters != null) {
 if (!reentered && held >= params.max_holders) {
   refused = true;
 }
-if (reentered || (refused && params.ticket == null)) {
+if (reentered) {
+  ctx.op = 'index';  // written back as it is (see above)
+} else if (refused && params.ticket == null) {
   ctx.op = 'none';
 } else if (refused && (markedUntil - now) * 2 > params.marker_ttl_ms) {
   ctx.op = 'none';
