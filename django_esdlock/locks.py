@@ -643,7 +643,7 @@ def _held_here(lock: BaseLock) -> frozenset[Node]:
         node
         for held in _registry.of_current_holder()
         if held.reentrant and not held.lost
-        for node, mode in wanted.intersection(held.targets)
+        for node, _ in wanted.intersection(held.targets)
     )
 
 
