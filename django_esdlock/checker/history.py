@@ -20,7 +20,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -160,7 +160,3 @@ def operations(events: Iterable[dict[str, Any]]) -> dict[str, Operation]:
         elif kind == "released":
             op.released = event
     return ops
-
-
-def by_type(events: Iterable[dict[str, Any]], *types: str) -> Iterator[dict[str, Any]]:
-    return (e for e in events if e["type"] in types)

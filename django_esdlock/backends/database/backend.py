@@ -786,23 +786,24 @@ class DatabaseLockBackend(BaseLockBackend):
         evicted: list[HolderRecord] = []
         if self.dialect.evicts_by_grant:
             self._evict_by_grant(namespace, grace_ms, dry_run, progress, evicted)
-        after: tuple[str, str, str] | None = None
-        while not self.dialect.evicts_by_grant:
-            rows = self._run(
-                "find expired holders",
-                functools.partial(self._page_work, nodes=nodes, holders=["evictable"], params=params, after=after),
-                transaction=False,
-            )
-            if dry_run:
-                evicted.extend(record(row) for row in rows)
-            elif rows:
-                evict = functools.partial(self.dialect.evict, rows=rows, grace_ms=grace_ms)
-                evicted.extend(self._run("evict expired holders", evict))
-            if progress is not None:
-                progress(len(evicted))
-            if _next_cursor(rows, self.page_size) is None:
-                break
-            after = (rows[-1][0], rows[-1][1], rows[-1][2])
+        else:
+            after: tuple[str, str, str] | None = None
+            while True:  # page by page
+                rows = self._run(
+                    "find expired holders",
+                    functools.partial(self._page_work, nodes=nodes, holders=["evictable"], params=params, after=after),
+                    transaction=False,
+                )
+                if dry_run:
+                    evicted.extend(record(row) for row in rows)
+                elif rows:
+                    evict = functools.partial(self.dialect.evict, rows=rows, grace_ms=grace_ms)
+                    evicted.extend(self._run("evict expired holders", evict))
+                if progress is not None:
+                    progress(len(evicted))
+                if _next_cursor(rows, self.page_size) is None:
+                    break
+                after = (rows[-1][0], rows[-1][1], rows[-1][2])
         if not dry_run:
             self.drop_idle_nodes()
         return evicted

@@ -5,7 +5,8 @@ Layout (migration 0003): node rows that stay between holds, each naming in
 nodes and modes, owner, lease, token, intent, checkpoint); waiting markers
 in ``esdlock_waiter``. Acquire and release are one autocommit call each of a
 server-side function (``esdlock_acquire``, ``esdlock_release``; their source
-and the rules they keep are in ``migrations/0003_grants_persistent_nodes.py``),
+and the rules they keep are in ``migrations/0003_grants_persistent_nodes.py``,
+changed by 0004-0006: the rules of ``django_esdlock.protocol`` in PL/pgSQL),
 so a lock pair is two round trips and two commits whatever the depth, and
 writes the taken node rows plus one grant row to acquire and deletes that one
 row to release.
