@@ -429,7 +429,9 @@ class HeldLockAdmin(admin.ModelAdmin):
             )
             return 0
         if tasks:
-            task_id = operations.enqueue_recover(holder_id, seen or main.owner_key, request.user.pk)
+            from . import maintenance  # the Tasks framework, only where a task backend is configured
+
+            task_id = maintenance.enqueue_recover(holder_id, seen or main.owner_key, request.user.pk)
             message = f"Recovery of holder {holder_id} enqueued as task {task_id} ({tasks}): a worker runs its handler."
             operations.log(request.user.pk, holder_id, operations.holder_repr(main), CHANGE, message)
             self.message_user(request, message, messages.SUCCESS)
@@ -454,7 +456,9 @@ class HeldLockAdmin(admin.ModelAdmin):
         tasks = operations.background_tasks()
         try:
             if tasks:
-                task_id = operations.enqueue_reap(request.user.pk)
+                from . import maintenance  # the Tasks framework, only where a task backend is configured
+
+                task_id = maintenance.enqueue_reap(request.user.pk)
                 message = (
                     f"Reaping enqueued as task {task_id} ({tasks}): a worker removes expired holders and runs "
                     "the recovery handlers."

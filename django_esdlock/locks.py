@@ -32,11 +32,10 @@ from .exceptions import (
 from .forks import ForkSafeLock
 from .modes import Mode, compatible
 from .paths import ancestors, normalize_key, normalize_namespace, normalize_path
-from .records import Grant, Kind, LockRequest, Node, Owner, current_task
+from .records import Grant, Kind, LockRequest, Node, Owner, Targets, current_task
+from .tickets import Ticket, names
 
 logger = logging.getLogger("django_esdlock")
-
-Targets = tuple[tuple[Node, Mode], ...]
 
 
 def _validate_timeout(timeout: Any) -> float | None:
@@ -370,11 +369,16 @@ class BaseLock:
         if not ok:
             self._mark_lost("its holder record was gone or expired at hand-off")
             self.check()
-        from .handoff import Ticket  # handoff.py builds on this module
-
         original = self._grant
         assert original is not None
         ticket = Ticket.of(renewed, ttl=original.request.ttl, checkpoint=self._checkpoint)
+        if ticket.held_apart:
+            logger.warning(
+                "handed off holder %s without %s, held by its owner under another lock: its ticket does not "
+                "cover them (resume_lock, and a task that names them, refuse it)",
+                renewed.request.holder_id,
+                names(ticket.held_apart),
+            )
         self._grant = None
         self._handed_off = True
         logger.debug("handed off %r for %gs", self, renewed.request.ttl)

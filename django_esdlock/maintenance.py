@@ -31,3 +31,13 @@ def recover_task(holder_id: str, seen_owner_key: str | None = None, user_id: Any
     """Recover one holder with an intent now (the admin's "recover now"); return whether it was and what it did."""
     outcome = operations.recover_now(holder_id, seen_owner_key, user_id, how="as a task")
     return {"ok": outcome.ok, "message": outcome.message}
+
+
+def enqueue_recover(holder_id: str, seen_owner_key: str | None, user_id: Any) -> str:
+    """Enqueue :func:`operations.recover_now` as a task; return the task result's id."""
+    return str(recover_task.enqueue(holder_id, seen_owner_key, user_id).id)
+
+
+def enqueue_reap(user_id: Any) -> str:
+    """Enqueue :func:`operations.reap_now` as a task; return the task result's id."""
+    return str(reap_task.enqueue(user_id).id)

@@ -146,20 +146,6 @@ def reap_now(user_id: Any, *, how: str) -> ReapReport:
     return report
 
 
-def enqueue_recover(holder_id: str, seen_owner_key: str | None, user_id: Any) -> str:
-    """Enqueue :func:`recover_now` as a task; return the task result's id."""
-    from .maintenance import recover_task
-
-    return str(recover_task.enqueue(holder_id, seen_owner_key, user_id).id)
-
-
-def enqueue_reap(user_id: Any) -> str:
-    """Enqueue :func:`reap_now` as a task; return the task result's id."""
-    from .maintenance import reap_task
-
-    return str(reap_task.enqueue(user_id).id)
-
-
 def handler_of(records: Sequence[HolderRecord]) -> bool:
     """Whether the intent of a holder has a recovery handler registered here."""
     intent = next((r.intent for r in records if r.intent), None)

@@ -169,6 +169,10 @@ class Owner:
         return {**fields, "thread": str(self.thread), "key": self.key}
 
 
+Targets = tuple[tuple[Node, Mode], ...]
+"""What a lock takes: each node with its mode."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LockRequest:
     """Take every (node, mode) of ``targets`` for one holder, all or nothing."""

@@ -1,13 +1,62 @@
-"""What lock_check prints: a progress line while it runs, a summary table, and each violation's slice."""
+"""What a lock_check run found, and how it reads: a progress line, a summary table, each violation's slice."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
-from .checker import CHECKS
+from .checker import CHECKS, Violation, summarize
 from .faults import FAULTS
-from .run import CheckResult
+from .options import CheckOptions
+
+
+@dataclasses.dataclass
+class CheckResult:
+    """What a run did and found."""
+
+    backend: str
+    namespace: str
+    global_name: str
+    seed: int
+    options: CheckOptions
+    skipped: dict[str, str]
+    events: list[dict[str, Any]]
+    violations: list[Violation]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return summarize(self.events)
+
+    def report(self) -> str:
+        """The summary table and, if any, each violation with its slice of history."""
+        return summary_table(self) + ("\n" + violation_text(self) if self.violations else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "backend": self.backend,
+            "namespace": self.namespace,
+            "global_lock": self.global_name,
+            "seed": self.seed,
+            "processes": self.options.processes,
+            "seconds": self.options.seconds,
+            "ttl": self.options.ttl,
+            "slack": self.options.slack,
+            "faults": list(self.options.faults),
+            "failover_restart": self.options.failover_restart,
+            "failover_kill": self.options.failover_kill,
+            "skipped_faults": self.skipped,
+            "summary": self.summary,
+            "violations": [v.as_dict() for v in self.violations],
+            "wall_seconds": round(self.seconds, 3),
+        }
+
 
 BAR = 30
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import multiprocessing
 import os
@@ -15,18 +14,20 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..conf import backend_config, load_backend
 from ..exceptions import LockError
 from ..records import Kind, Node
-from .checker import DEFAULT_SLACK, Violation, check_history, summarize
-from .failover import DEFAULT_KILL, Failover, FailoverCommands, failover_errors
-from .faults import FAULTS, Nemesis
+from .checker import check_history
+from .failover import Failover, FailoverCommands, failover_errors
+from .faults import Nemesis
 from .history import HistoryWriter, read_events, write_history
+from .options import CheckOptions
 from .proxy import Proxies
+from .report import CheckResult
 from .workload import COUNTERS, WorkloadSpec, _recoveries, node_list, worker_main
 
 
@@ -45,89 +46,6 @@ def _context() -> Any:
 
 START_TIMEOUT = 120.0
 """Seconds the workers may take to start (spawn, Django setup, first connection)."""
-
-
-@dataclasses.dataclass
-class CheckOptions:
-    """How big a run is and what it does to the store."""
-
-    processes: int = 8
-    seconds: float = 60.0
-    faults: Sequence[str] = FAULTS
-    seed: int | None = None
-    ttl: float = 2.0
-    """The workload's lease (seconds): pauses last 1.5 leases, store cuts 0.5-1.5."""
-    slack: float = DEFAULT_SLACK
-    hold: float | None = None
-    """Longest hold of a grant (default the smaller of 0.3 s and a third of the lease)."""
-    failover_restart: str | None = None
-    """Shell template that starts a killed Elasticsearch node again (placeholders: see :class:`FailoverCommands`)."""
-    failover_kill: str = DEFAULT_KILL
-    """Shell template that kills a node (default: SIGKILL of the pid it reports, for nodes on this machine)."""
-
-    def __post_init__(self) -> None:
-        unknown = set(self.faults) - set(FAULTS)
-        if unknown:
-            raise ValueError(f"unknown fault(s) {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
-        if self.processes < 1 or self.seconds <= 0 or self.ttl <= 0 or self.slack < 0:
-            raise ValueError("processes, seconds and ttl must be positive, slack not negative")
-
-    @property
-    def max_hold(self) -> float:
-        return self.hold if self.hold is not None else min(0.3, self.ttl / 3)
-
-    @property
-    def max_timeout(self) -> float:
-        return self.ttl * 1.5
-
-
-@dataclasses.dataclass
-class CheckResult:
-    """What a run did and found."""
-
-    backend: str
-    namespace: str
-    global_name: str
-    seed: int
-    options: CheckOptions
-    skipped: dict[str, str]
-    events: list[dict[str, Any]]
-    violations: list[Violation]
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        return summarize(self.events)
-
-    def report(self) -> str:
-        """The summary table and, if any, each violation with its slice of history."""
-        from .report import summary_table, violation_text
-
-        return summary_table(self) + ("\n" + violation_text(self) if self.violations else "")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "backend": self.backend,
-            "namespace": self.namespace,
-            "global_lock": self.global_name,
-            "seed": self.seed,
-            "processes": self.options.processes,
-            "seconds": self.options.seconds,
-            "ttl": self.options.ttl,
-            "slack": self.options.slack,
-            "faults": list(self.options.faults),
-            "failover_restart": self.options.failover_restart,
-            "failover_kill": self.options.failover_kill,
-            "skipped_faults": self.skipped,
-            "summary": self.summary,
-            "violations": [v.as_dict() for v in self.violations],
-            "wall_seconds": round(self.seconds, 3),
-        }
 
 
 # --- the store proxy ----------------------------------------------------------

@@ -163,8 +163,8 @@ def _config(url: str | None, es_hosts: str | None) -> Any:
 
 
 def _replay(events: list[dict[str, Any]], options: Any) -> Any:
+    from ...checker import CheckResult
     from ...checker.checker import check_history
-    from ...checker.run import CheckResult
 
     start = next((e for e in events if e["type"] == "start"), {})
     return CheckResult(
