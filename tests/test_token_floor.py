@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from django_esdlock import lock_tree
+from django_esdlock import LockLost, lock_tree
 from django_esdlock.conf import load_backend
 from django_esdlock.modes import Mode
 from django_esdlock.reaper import Reaper
@@ -68,9 +68,9 @@ def test_deleting_the_lock_index_between_two_grants_never_sends_a_token_back(es_
         report = Reaper(backend).run()
         assert [r.node.key for r in report.evicted] == ["/stale"]
         assert all_holders(backend) == []
-        # The lock held across the loss is gone with its index: its release says so.
-        assert not backend.release(held.grant)
-        held._grant = None
+        # The lock held across the loss is gone with its index: its release says so (and stops its renewals).
+        with pytest.raises(LockLost):
+            held.release()
     finally:
         backend.close()
 

@@ -1531,10 +1531,8 @@ class ElasticsearchLockBackend(BaseLockBackend):
     ) -> list[dict[str, Any]]:
         """Return the ``_bulk`` lines of ACQUIRE for ``batch``, asking for the holders back where they are read."""
         fields = ["lock_count"]  # a refusal by a full node is told apart (see refusal_reason)
-        if request.reentrant or request.ticket is not None:
-            fields += ["holders.id"]
-        if request.reentrant or request.ticket is not None:  # a marker of the request (and see read_acquire_items)
-            fields += ["waiters.id"]
+        if request.reentrant or request.ticket is not None:  # its holder or marker (see read_acquire_items)
+            fields += ["holders.id", "waiters.id"]
         if request.ticket is not None:  # its place in the queues (see queued_poll_interval)
             fields += ["waiters.ticket", "waiters.mode"]
         return [
