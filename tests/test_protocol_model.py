@@ -71,9 +71,10 @@ def _request(rng: random.Random, owner: Owner) -> LockRequest:
 def _state(model: Model, request: LockRequest, base: Owner) -> dict:
     """What the model knows of the request's nodes, for a failure's message."""
     asked = {node.id for node, _ in request.targets}
-    owner = {owner.key: f"owner {owner.thread - base.thread}" for owner in [request.owner]}
+    asking = f"owner {request.owner.thread - base.thread}"
     return {
-        "holders": [(r[0], r[1][:6], r[2], "live" if r[5] else "ended", owner.get(r[3], "another owner"), r[4])
+        "holders": [(r[0], r[1][:6], r[2], "live" if r[5] else "ended",
+                     asking if r[3] == request.owner.key else "another owner", r[4])
                     for r in model.rows if r[0] in asked],
         "markers": [(m[0], m[1][:6], m[2], m[3] - TICKETS) for m in model.markers if m[0] in asked],
     }  # fmt: skip
