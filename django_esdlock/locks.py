@@ -441,7 +441,7 @@ class Lock(BaseLock, contextlib.ContextDecorator):
                 elif isinstance(step, _Look):
                     outcome = read_wait_state(backend, step.nodes)
                 else:
-                    backend.wait(self.targets, step.seconds, step.attempt)
+                    backend.wait_release(request, step.seconds, step.attempt)
                     outcome = None
                 step = steps.send(outcome)
         except StopIteration as done:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import random
 import statistics
 import sys
@@ -31,7 +32,7 @@ def _waiter(config: dict, notify: bool, conn) -> None:
 
     backend = load_backend(config)
     if not notify:
-        backend.supports_notify = False
+        backend.features = dataclasses.replace(backend.features, notifies=False)
     while conn.recv() == "go":
         lock = lock_tree("/wakeup", timeout=None, backend=backend)
         conn.send("waiting")

@@ -765,7 +765,7 @@ def test_release_wakes_the_waiting_session_through_notify(pg_config, backend_of)
         peer.acquire("elsewhere", scheme="tree", path="/unrelated")
         request = _queued("/wake/me")
         assert backend.acquire(request) is None  # leaves a marker naming this session's channel
-        backend.wait(request.targets, 1, attempt=0)  # a session's first wait starts listening and returns
+        backend.wait_release(request, 1, attempt=0)  # a session's first wait starts listening and returns
         assert listener.listening(backend.connection)
         assert backend.acquire(request) is None
         peer.release("elsewhere")
@@ -790,7 +790,7 @@ def test_release_wakes_only_waiters_it_may_free(pg_config, backend_of):
         targets = lock_tree("/t/leaf", backend=backend).targets  # IX on /t, X on /t/leaf
         request = LockRequest(uuid.uuid4().hex, Owner.current(), targets, ttl=30, ticket=time.time_ns())
         assert backend.acquire(request) is None
-        backend.wait(targets, 1, attempt=0)  # starts listening
+        backend.wait_release(request, 1, attempt=0)  # starts listening
         assert backend.acquire(request) is None
         peer.release("sibling")  # IX on /t and X on /t/sibling: frees nothing this request waits for
         assert listener.wait(backend.connection, 0.5) is False
@@ -811,7 +811,7 @@ def test_release_wakes_the_head_of_the_queue_only(pg_config, backend_of):
     early, late = _queued("/q"), _queued("/q")
     for backend, request in ((first, early), (second, late)):
         assert backend.acquire(request) is None
-        backend.wait(request.targets, 1, attempt=0)  # starts listening
+        backend.wait_release(request, 1, attempt=0)  # starts listening
         assert backend.acquire(request) is None
     assert first.release(holder)
     assert listener.wait(first.connection, 30) is True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import random
 import time
@@ -21,15 +22,74 @@ from ..records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner,
 T = TypeVar("T")
 
 
+@dataclasses.dataclass(frozen=True)
+class StoreFeatures:
+    """What a store can do beyond the primitive: what the rest of the package asks before it uses a method.
+
+    A backend declares them (:attr:`BaseLockBackend.features`); a feature it
+    declares False is never called for, and the admin, ``reap_locks``, deadlock
+    detection, hand-off, ``lock_check`` and ``lock_bench`` say so instead.
+    """
+
+    can_list_waiting: bool = False
+    """:meth:`~BaseLockBackend.wait_state`: deadlock detection, the admin's waiting page, ``reap_locks``' graph."""
+    can_take_over: bool = False
+    """:meth:`~BaseLockBackend.take_over`, :meth:`~BaseLockBackend.holder_records` and
+    :meth:`~BaseLockBackend.expired_with_intent`: hand-off, recovery of intents, the reaper's takeover."""
+    can_force_release: bool = False
+    """:meth:`~BaseLockBackend.force_release`: the admin's and the reaper's release of another's holder."""
+    notifies: bool = False
+    """:meth:`~BaseLockBackend.wait_release` wakes on a release instead of sleeping a backoff step."""
+    async_native: bool = False
+    """The ``a*`` methods run on the event loop; otherwise each call runs its sync twin in a worker thread."""
+    fails_over: bool = False
+    """The store is a cluster of nodes that can fail over (``lock_check``'s failover fault applies)."""
+
+
 class BaseLockBackend(abc.ABC):
     """A lock store: takes, renews, releases and lists holders of nodes.
 
     Constructors do no I/O; connections open on first use. All times that
     decide expiry are read from the store's clock, never from this host's.
+
+    A new store implements the abstract methods (the primitive: :meth:`acquire`,
+    :meth:`release`, :meth:`renew`; and :meth:`holders`, :meth:`node_holders`,
+    :meth:`evict_expired`), declares :attr:`url_schemes` with
+    :meth:`options_from_url` and :attr:`features`, and implements what each
+    feature it declares names.
     """
 
-    supports_notify: ClassVar[bool] = False
-    """Whether :meth:`wait` wakes on a release instead of sleeping a backoff step."""
+    url_schemes: ClassVar[frozenset[str]] = frozenset()
+    """The ``LOCK_BACKEND`` URL schemes this store answers to (``conf.BACKENDS`` lists the stores asked)."""
+
+    @classmethod
+    def options_from_url(cls, url: str) -> dict[str, Any]:
+        """Return the OPTIONS a ``LOCK_BACKEND`` URL of one of :attr:`url_schemes` means.
+
+        ``url`` comes without the query parameters that are the lock
+        settings' own (``ttl``, ``deadlock_timeout``, ``max_...``); other
+        query parameters are the store's.
+        """
+        raise NotImplementedError(f"{cls.__name__} declares no URL scheme")
+
+    features: StoreFeatures = StoreFeatures()
+    """What this store can do beyond the primitive (see :class:`StoreFeatures`)."""
+
+    def endpoints(self) -> tuple[list[tuple[str, int]], str]:
+        """Return the (host, port) of each TCP endpoint of the store, or ``[]`` and why there is none to cut.
+
+        ``lock_check``'s store fault puts a proxy in front of each.
+        """
+        return [], f"{type(self).__name__} names no TCP endpoint"
+
+    def options_through(self, options: dict[str, Any], ports: Sequence[int]) -> dict[str, Any]:
+        """Return ``options`` reaching the store through proxies on 127.0.0.1, one port per :meth:`endpoints` entry."""
+        raise NotImplementedError(f"{type(self).__name__} names no TCP endpoint")
+
+    @property
+    def supports_notify(self) -> bool:
+        """Whether :meth:`wait_release` wakes on a release (``features.notifies``)."""
+        return self.features.notifies
 
     page_size: int = 500
     """How many nodes maintenance work (reaping, searches) reads and writes at a time."""
@@ -247,8 +307,8 @@ class BaseLockBackend(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot take a holder over")
 
-    def wait(self, targets: Sequence[tuple[Node, Mode]], timeout: float, attempt: int) -> None:
-        """Block until a release may have freed one of ``targets`` (node, mode asked), at most ``timeout`` seconds.
+    def wait_release(self, request: LockRequest, timeout: float, attempt: int) -> None:
+        """Block until a release may have freed a node the refused ``request`` asks for, at most ``timeout`` seconds.
 
         The default sleeps a capped exponential backoff step with jitter;
         stores that can notify override it.
@@ -317,7 +377,7 @@ class BaseLockBackend(abc.ABC):
         """Close what the running event loop's calls opened (call it before the loop ends)."""
 
     async def await_release(self, request: LockRequest, timeout: float, attempt: int) -> None:
-        """Async :meth:`wait`, for the refused ``request``: by default a backoff step on the event loop."""
+        """Async :meth:`wait_release`: by default a backoff step on the event loop."""
         await asyncio.sleep(min(timeout, backoff_delay(attempt, cap=max(timeout, BACKOFF_CAP))))
 
     def setup(self) -> None:

@@ -40,7 +40,15 @@ from ..records import (
 )
 from ..redaction import add_secrets, credential_values, redact, url_secrets
 from . import elasticsearch_scripts as scripts
-from .base import BaseLockBackend, backoff_delay, close_per_loop, expires_ms, renew_params, takeover_request
+from .base import (
+    BaseLockBackend,
+    StoreFeatures,
+    backoff_delay,
+    close_per_loop,
+    expires_ms,
+    renew_params,
+    takeover_request,
+)
 
 try:
     import elasticsearch
@@ -778,6 +786,10 @@ class ElasticsearchLockBackend(BaseLockBackend):
     is True (a network you trust). They never appear in ``describe()``, a
     message or a log (see :mod:`django_esdlock.redaction`).
     """
+
+    features = StoreFeatures(
+        can_list_waiting=True, can_take_over=True, can_force_release=True, async_native=True, fails_over=True
+    )
 
     lease_margin: float = 0.5
     """A lease is stamped with ``ctx._now``, a clock each node caches and advances every

@@ -37,7 +37,7 @@ from ...forks import ForkSafeLock
 from ...modes import Mode
 from ...records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner, WaitState
 from ...redaction import add_secrets, redact, url_secrets
-from ..base import BaseLockBackend, backoff_delay, close_per_loop, expires_ms, takeover_request
+from ..base import BaseLockBackend, StoreFeatures, backoff_delay, close_per_loop, expires_ms, takeover_request
 from . import listener
 from .aio import LoopSessions
 from .common import Dialect, decode_cursor, encode_cursor, json_text, record, takeover_params, waiter
@@ -188,8 +188,16 @@ class DatabaseLockBackend(BaseLockBackend):
         if self.vendor == "sqlite" and str(settings_dict["NAME"]) in ("", ":memory:"):
             raise ImproperlyConfigured("DatabaseLockBackend needs a SQLite database file, not an in-memory database")
         self.dialect: Dialect = PostgresDialect() if self.vendor == "postgresql" else SQLiteDialect()
-        self.supports_notify = self.dialect.supports_notify and _psycopg3()
-        if self.supports_notify:  # a release wakes waiters; polling only catches leases that ran out
+        notifies = self.dialect.supports_notify and _psycopg3()
+        # PostgreSQL through psycopg 3.2+: the async API's own sessions, per event loop (see aio).
+        self.features = StoreFeatures(
+            can_list_waiting=True,
+            can_take_over=True,
+            can_force_release=True,
+            notifies=notifies,
+            async_native=notifies,
+        )
+        if notifies:  # a release wakes waiters; polling only catches leases that ran out
             self.queued_poll_cap = NOTIFY_QUEUED_POLL_CAP
         self._local = threading.local()
         self._lock = ForkSafeLock()
@@ -197,8 +205,6 @@ class DatabaseLockBackend(BaseLockBackend):
         self._wrappers: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()
         self._pid = os.getpid()
         self._schema_ready = False
-        # PostgreSQL through psycopg 3.2+: the async API's own sessions, per event loop (see aio).
-        self.async_native = self.supports_notify
         self._loop_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopSessions] = (
             weakref.WeakKeyDictionary()
         )
@@ -570,7 +576,7 @@ class DatabaseLockBackend(BaseLockBackend):
 
     # --- waiting ---------------------------------------------------------------
 
-    def wait(self, targets: Sequence[tuple[Node, Mode]], timeout: float, attempt: int) -> None:
+    def wait_release(self, request: LockRequest, timeout: float, attempt: int) -> None:
         """Block until a release that may free this thread's request is announced, a backoff step, or ``timeout``.
 
         On PostgreSQL this thread's own lock session listens (see
@@ -581,7 +587,7 @@ class DatabaseLockBackend(BaseLockBackend):
         and markers that run out. Elsewhere this sleeps the backoff step.
         """
         if not self.supports_notify:
-            super().wait(targets, timeout, attempt)
+            super().wait_release(request, timeout, attempt)
             return
         wrapper = self.connection
         try:
@@ -599,7 +605,7 @@ class DatabaseLockBackend(BaseLockBackend):
         except LockBackendUnavailable as e:
             logger.info("waiting without notifications: %s", e)
             self._discard(wrapper)
-            super().wait(targets, timeout, attempt)
+            super().wait_release(request, timeout, attempt)
 
     # --- the async API: natively on PostgreSQL, else the blocking calls in a worker thread ---
 
@@ -631,7 +637,7 @@ class DatabaseLockBackend(BaseLockBackend):
         raise AssertionError("unreachable")
 
     async def aacquire(self, request: LockRequest) -> Grant | None:
-        if not self.async_native:
+        if not self.features.async_native:
             return await super().aacquire(request)
         if not self._floor_raised:
             await asyncio.to_thread(self._raise_token_floor)
@@ -657,7 +663,7 @@ class DatabaseLockBackend(BaseLockBackend):
         return grant
 
     async def arelease(self, grant: Grant) -> bool:
-        if not self.async_native:
+        if not self.features.async_native:
             return await super().arelease(grant)
         if not grant.taken:
             return True
@@ -674,7 +680,7 @@ class DatabaseLockBackend(BaseLockBackend):
         recovery: dict[str, Any] | None = None,
         timeout: float | None = None,
     ) -> bool:
-        if not self.async_native:
+        if not self.features.async_native:
             return await super().arenew(grant, checkpoint=checkpoint, recovery=recovery, timeout=timeout)
         if not grant.taken:
             return True
@@ -687,7 +693,7 @@ class DatabaseLockBackend(BaseLockBackend):
             raise LockBackendUnavailable(f"{self.describe()} failed to renew within {timeout:.3f}s") from e
 
     async def awithdraw(self, request: LockRequest) -> None:
-        if not self.async_native:
+        if not self.features.async_native:
             return await super().awithdraw(request)
         dialect: PostgresDialect = self.dialect  # type: ignore[assignment]
         sessions = self._sessions()
@@ -695,8 +701,8 @@ class DatabaseLockBackend(BaseLockBackend):
         await self._acall("withdraw waiting markers", sessions.rowcount, dialect.withdraw_call(request))
 
     async def await_release(self, request: LockRequest, timeout: float, attempt: int) -> None:
-        """Async :meth:`wait`: on PostgreSQL the loop's listening session wakes the task (see ``aio``)."""
-        if self.async_native:
+        """Async :meth:`wait_release`: on PostgreSQL the loop's listening session wakes the task (see ``aio``)."""
+        if self.features.async_native:
             step = backoff_delay(attempt, initial=NOTIFY_FALLBACK_INITIAL, cap=NOTIFY_FALLBACK_CAP)
             if await self._sessions().wait(request.holder_id, min(timeout, step)):
                 return
