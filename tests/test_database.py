@@ -845,9 +845,9 @@ def test_sqlite_waits_by_backoff(sqlite_store_config, backend_of, monkeypatch):
     for attempt in range(6):
         assert backend.acquire(queued) is None
         events.append(("refused", attempt))
-        assert backend.wait(queued.targets, 30.0, attempt) is None
+        assert backend.wait_release(queued, 30.0, attempt) is None
     assert backend.release(holder)
-    backend.wait(queued.targets, 0.004, 30)  # a step is never longer than what is left of the timeout
+    backend.wait_release(queued, 0.004, 30)  # a step is never longer than what is left of the timeout
     assert backend.acquire(queued) is not None
     assert [kind for kind, _ in events] == ["refused", "pause"] * 6 + ["pause"]
     pauses = [seconds for kind, seconds in events if kind == "pause"]
