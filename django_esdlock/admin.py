@@ -301,9 +301,11 @@ class HeldLockAdmin(admin.ModelAdmin):
         namespace = None
         try:
             namespace = normalize_namespace(request.GET["namespace"]) if request.GET.get("namespace") else None
-            graph = WaitGraph.of(get_backend().wait_state(), namespace)
-        except NotImplementedError as e:
-            error = f"This lock store cannot list waiting requests: {e}"
+            backend = get_backend()
+            if backend.features.can_list_waiting:
+                graph = WaitGraph.of(backend.wait_state(), namespace)
+            else:
+                error = f"This lock store cannot list waiting requests: {backend.describe()}"
         except (LockError, ValueError) as e:
             error = _unreadable(e)
         limit = self.waiting_rows

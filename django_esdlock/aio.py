@@ -1,8 +1,8 @@
 """Locks for coroutines: ``async with alock_tree(...)``, the twins of the blocking API in ``locks.py``.
 
 The waiting loop, the request and the bookkeeping are the blocking Lock's
-(:class:`~django_esdlock.locks.BaseLock`); only the driver differs: each
-step is awaited, so a waiting task sleeps on the event loop and ties up no
+(:class:`~django_esdlock.core.BaseLock`); only the driver differs
+(:func:`~django_esdlock.steps.adrive`): each step is awaited, so a waiting task sleeps on the event loop and ties up no
 thread. Leases are renewed by the process's renewer thread, as for blocking
 locks, so a lock held across ``await`` points stays renewed even while the
 loop is busy elsewhere (or blocked).
@@ -23,20 +23,10 @@ from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from .backends.base import BaseLockBackend
-from .exceptions import LockStoreBusy
-from .locks import (
-    _TRY,
-    BaseLock,
-    _Look,
-    _renewer,
-    _Sleep,
-    _validate_ttl,
-    aread_wait_state,
-    document_targets,
-    global_targets,
-    tree_targets,
-)
+from .core import BaseLock, aread_wait_state, document_targets, global_targets, tree_targets, validate_ttl
 from .records import Grant, LockRequest
+from .renewal import renewer
+from .steps import TRY, LookForDeadlock, adrive
 
 logger = logging.getLogger("django_esdlock")
 
@@ -54,7 +44,7 @@ async def _settle(future: asyncio.Future[Any]) -> bool:
     return cancelled
 
 
-async def _shielded(work: Awaitable[T]) -> T:
+async def shielded(work: Awaitable[T]) -> T:
     """Run ``work`` to its end whatever happens to the caller; a cancel of the caller is raised after it."""
     future = asyncio.ensure_future(work)
     if await _settle(future):
@@ -68,9 +58,9 @@ async def _stop_renewing(lock: BaseLock) -> None:
 
     Landing after the hand-off's renewal, it would cut the ticket's lease short.
     """
-    _renewer.remove(lock)  # no renewal of it starts from here on
-    if _renewer.renewing(lock):
-        await asyncio.to_thread(_renewer.remove, lock, settle=True)
+    renewer.remove(lock)  # no renewal of it starts from here on
+    if renewer.renewing(lock):
+        await asyncio.to_thread(renewer.remove, lock, settle=True)
 
 
 class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
@@ -89,31 +79,26 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
     async def acquire(self) -> AsyncLock:
         """Take the lock, waiting as ``timeout`` says; return self."""
         backend, request = self._start()
-        steps = self._attempts(backend, request)
-        granted: Grant | None = None
+        granted: list[Grant] = []  # a grant that came back before an error: given back
+
+        async def perform(step: Any) -> Any:
+            if step is TRY:
+                grant = await self._try(backend, request)
+                if grant is not None:
+                    granted.append(grant)
+                return grant
+            if isinstance(step, LookForDeadlock):
+                return await aread_wait_state(backend, step.nodes)
+            return await backend.await_release(request, step.seconds, step.attempt)
+
         try:
-            step = next(steps)
-            while True:
-                outcome: Any = None
-                if step is _TRY:
-                    outcome = await self._try(backend, request)
-                    if isinstance(outcome, Grant):
-                        granted = outcome
-                elif isinstance(step, _Sleep):
-                    await asyncio.sleep(step.seconds)
-                elif isinstance(step, _Look):
-                    outcome = await aread_wait_state(backend, step.nodes)
-                else:
-                    await backend.await_release(request, step.seconds, step.attempt)
-                step = steps.send(outcome)
-        except StopIteration as done:
-            grant, started = done.value
+            grant, started = await adrive(self._attempts(backend, request), perform)
         except BaseException:
-            if granted is not None:
-                await self._give_back(backend, granted)
+            for grant in granted:
+                await self._give_back(backend, grant)
             if request.ticket is not None:
                 with contextlib.suppress(Exception):  # the markers expire by themselves anyway
-                    await _shielded(backend.awithdraw(request))
+                    await shielded(backend.awithdraw(request))
             raise
         await self._hold_or_give_back(backend, grant, started)
         return self
@@ -130,24 +115,21 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
     async def _give_back(backend: BaseLockBackend, grant: Grant) -> None:
         """Release a grant that never reached the caller (even if cancelled meanwhile), best-effort."""
         try:
-            await _shielded(backend.arelease(grant))
+            await shielded(backend.arelease(grant))
         except Exception:  # the error that made us give it back is the one to see
             logger.warning("could not give back a grant of %s", grant.taken[-1:] or "nothing", exc_info=True)
 
     @staticmethod
-    async def _try(backend: BaseLockBackend, request: LockRequest) -> Grant | LockStoreBusy | None:
+    async def _try(backend: BaseLockBackend, request: LockRequest) -> Grant | None:
         """One try of the backend's acquire; cancelled during it, give back what it brings, then re-raise."""
         attempt = asyncio.ensure_future(backend.aacquire(request))
         if await _settle(attempt):
             grant = None if attempt.exception() else attempt.result()
             if grant is not None:
                 with contextlib.suppress(Exception):
-                    await _shielded(backend.arelease(grant))
+                    await shielded(backend.arelease(grant))
             raise asyncio.CancelledError
-        try:
-            return attempt.result()
-        except LockStoreBusy as e:
-            return e
+        return attempt.result()
 
     async def release(self) -> None:
         """Give the lock back (even if the task is cancelled meanwhile); raise LockLost if it had been lost."""
@@ -160,7 +142,7 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
             return lost, await self.backend.arelease(grant)
 
         try:
-            (was_lost, already_signalled), still_held = await _shielded(let_go())
+            (was_lost, already_signalled), still_held = await shielded(let_go())
         finally:
             self._grant = None
         self._released(still_held, was_lost, already_signalled)
@@ -179,18 +161,18 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
 
     async def handoff(self, ttl: float | None = None) -> str:
         """Async :meth:`Lock.handoff <django_esdlock.locks.Lock.handoff>`: return a ticket for ``aresume_lock``."""
-        ttl = _validate_ttl(ttl)
+        ttl = validate_ttl(ttl)
         self.check()
         timeout = self._call_timeout()
         try:
-            await _shielded(_stop_renewing(self))
+            await shielded(_stop_renewing(self))
         except BaseException:  # cancelled: the lock stays ours, renewed as before
             if self._grant is not None:
-                _renewer.add(self, self._grant.request.ttl)
+                renewer.add(self, self._grant.request.ttl)
             raise
         renewed = self._handoff_start(ttl, settle=False)
         try:
-            ok = await _shielded(self.backend.arenew(renewed, timeout=timeout))
+            ok = await shielded(self.backend.arenew(renewed, timeout=timeout))
         except BaseException:
             self._handoff_failed()
             raise

@@ -34,7 +34,7 @@ import logging
 import time
 from typing import Any
 
-from .aio import AsyncLock, _shielded
+from .aio import AsyncLock, shielded
 from .backends.base import BaseLockBackend
 from .exceptions import LockLost
 from .locks import Lock
@@ -131,7 +131,7 @@ class AsyncResumedLock(_Resumed, AsyncLock):
         backend = self.backend
         started = time.monotonic()
         # Shielded: a claim cancelled halfway would leave a holder nobody renews or releases.
-        grant = self._claimed(await _shielded(backend.atake_over(**args)))
+        grant = self._claimed(await shielded(backend.atake_over(**args)))
         try:
             self._hold(grant, started)
         except BaseException:

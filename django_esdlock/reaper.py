@@ -168,6 +168,8 @@ class Reaper:
         self._evict_expired(report)
         if self.local_pids:
             self._free_dead_local(report)
+        if not self.backend.features.can_take_over:
+            return report  # holders with an intent wait for a store that can hand them to a recovery
         for records in _by_holder(
             self.backend.expired_with_intent(namespace=self.namespace, grace=self.grace)
         ).values():

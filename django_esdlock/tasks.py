@@ -22,9 +22,11 @@ from typing import Any, TypeVar
 
 from .aio import AsyncLock
 from .backends.base import BaseLockBackend
+from .core import BaseLock, document_targets, global_targets, tree_targets
 from .exceptions import InvalidLockArgument
 from .handoff import AsyncResumedLock, ResumedLock, Ticket
-from .locks import BaseLock, Lock, Targets, document_targets, global_targets, tree_targets
+from .locks import Lock
+from .records import Targets
 
 F = TypeVar("F", bound=Callable[..., Any])
 

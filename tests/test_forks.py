@@ -18,7 +18,8 @@ import pytest
 
 from django_esdlock import LockLost, LockUnavailable, alock_tree, conf, lock_tree, signals
 from django_esdlock.conf import load_backend
-from django_esdlock.locks import _registry, _renewer
+from django_esdlock.core import registry
+from django_esdlock.renewal import renewer
 
 from .black_hole import black_holed
 from .contract import refused_to_another_owner
@@ -198,7 +199,7 @@ def test_async_lock_in_a_forked_child(backend):
 def module_locks(backend) -> list[Any]:
     """The threading locks a child must find free: the module's, the backend's, a signal's, the renewer's."""
     backend_lock = backend._sole_lock if hasattr(backend, "_sole_lock") else backend._lock
-    return [_registry._lock, conf._backend_lock, backend_lock, signals.lock_acquired.lock, _renewer._cond]
+    return [registry._lock, conf._backend_lock, backend_lock, signals.lock_acquired.lock, renewer._cond]
 
 
 def test_a_child_forked_while_the_renewer_is_in_a_store_call_never_hangs(store_config):
@@ -212,7 +213,7 @@ def test_a_child_forked_while_the_renewer_is_in_a_store_call_never_hangs(store_c
         while not hole.caught():  # the first renewal (after 1 s) goes in and hangs
             assert time.monotonic() < deadline, "no renewal went into the black hole"
             time.sleep(0.01)
-        assert _renewer.renewing(lock)
+        assert renewer.renewing(lock)
         holding, release = threading.Event(), threading.Event()
 
         def hold_them_all() -> None:

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from django_esdlock.locks import document_targets, tree_targets
+from django_esdlock.core import document_targets, tree_targets
 from django_esdlock.protocol import decide
 from django_esdlock.records import LockRequest, Owner
 

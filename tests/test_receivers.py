@@ -12,10 +12,11 @@ import pytest
 
 from django_esdlock import LockLost, alock_tree, lock_tree, signals
 from django_esdlock.conf import load_backend
-from django_esdlock.locks import _registry, _renewer
+from django_esdlock.core import registry
 from django_esdlock.modes import Mode
 from django_esdlock.reaper import Reaper
 from django_esdlock.records import Kind, LockRequest, Node, Owner
+from django_esdlock.renewal import renewer
 
 from . import handlers  # noqa: F401  (registers the test recovery handlers)
 from .contract import refused_to_another_owner
@@ -59,8 +60,8 @@ def raising_receivers(error: type[BaseException] = RuntimeError, to=SIGNALS) -> 
 def nothing_left_of(lock, backend) -> bool:
     """No holder of ``lock``'s request in the store, nor in this process's registry or renewer."""
     in_store = any(backend.node_holders(node) for node, _ in lock.targets)
-    registered = any(held.targets == lock.targets for held in _registry.of_current_holder())
-    renewed = any(held.targets == lock.targets for held in list(_renewer._held))
+    registered = any(held.targets == lock.targets for held in registry.of_current_holder())
+    renewed = any(held.targets == lock.targets for held in list(renewer._held))
     return not (in_store or registered or renewed)
 
 

@@ -49,7 +49,11 @@ def leave_a_deadlock(backend) -> str:
 
 
 class NoWaitStateBackend(DatabaseLockBackend):
-    """A backend that keeps the base class's answer: it cannot list waiting requests."""
+    """A backend that declares it cannot list waiting requests, and keeps the base class's answer if asked."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.features = dataclasses.replace(self.features, can_list_waiting=False)
 
     def wait_state(self, nodes=None):
         return BaseLockBackend.wait_state(self, nodes)

@@ -142,10 +142,10 @@ class Command(BaseCommand):
 
     def _waiting(self, backend: Any, namespace: str | None) -> _Waiting:
         """Read the wait-for graph now. Reaping is done by then: a failure here is reported, not raised."""
+        if not backend.features.can_list_waiting:
+            return _Waiting(None, supported=False, error=f"{type(backend).__name__} cannot list waiting requests")
         try:
             return _Waiting(WaitGraph.of(backend.wait_state(), namespace))
-        except NotImplementedError as e:
-            return _Waiting(None, supported=False, error=str(e))
         except LockError as e:
             return _Waiting(None, error=f"reading the waiting requests failed: {e}")
 
