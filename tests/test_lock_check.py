@@ -285,15 +285,15 @@ def test_the_proxy_forwards_then_a_cut_fails_connections_at_once_until_restored(
 def test_the_failover_fault_applies_only_to_a_cluster_it_can_restart(es_url, sqlite_url, tmp_path):
     from django_esdlock.checker.failover import DEFAULT_KILL, Failover, FailoverCommands
     from django_esdlock.checker.run import _failover
-    from django_esdlock.conf import load_backend
+    from django_esdlock.conf import DATABASE_BACKEND, load_backend
 
     from .stores import es_store
 
     options = CheckOptions(failover_restart="true")
-    sqlite = {"BACKEND": "x", "OPTIONS": {"url": sqlite_url}, "TTL": 30}
-    assert _failover(sqlite, None, "ns", options, print) == (
+    sqlite = {"BACKEND": DATABASE_BACKEND, "OPTIONS": {"url": sqlite_url}, "TTL": 30}
+    assert _failover(sqlite, load_backend(sqlite), "ns", options, print) == (
         None,
-        "not Elasticsearch: a database has no node of a cluster to fail over",
+        "DatabaseLockBackend is not a cluster of nodes that fails over",
     )
     with es_store(es_url) as config:
         backend = load_backend(config)

@@ -15,7 +15,7 @@ from django.conf import settings
 from ..conf import DEFAULT_DEADLOCK_TIMEOUT
 from ..noida import elasticsearch_url
 from ..redaction import redact, redact_data
-from . import aio, scenarios
+from . import async_tasks, scenarios
 from .admin import changelist
 from .common import Figure
 from .graph import graph_figures, waiting_page
@@ -152,8 +152,8 @@ def _stages(
         "reap": lambda: scenarios.reaping(kit, o.reap_count, say),
         "admin": lambda: changelist(kit, o.admin_count, say),
         "admin_waiting": lambda: waiting_page(kit, o.waiting_count, say),
-        "async_pairs": lambda: aio.pairs(kit, o.tasks, o.seconds, say),
-        "async_wakeup": lambda: aio.wakeup(kit, pool, o.wake_rounds, say),
+        "async_pairs": lambda: async_tasks.pairs(kit, o.tasks, o.seconds, say),
+        "async_wakeup": lambda: async_tasks.wakeup(kit, pool, o.wake_rounds, say),
     }
 
 

@@ -111,8 +111,8 @@ def _failover(
     config: dict[str, Any], backend: Any, namespace: str, options: CheckOptions, record: Callable[..., Any]
 ) -> tuple[Failover | None, str]:
     """Return the failover fault's driver for this store, or None and why it cannot apply."""
-    if "hosts" not in config["OPTIONS"]:
-        return None, "not Elasticsearch: a database has no node of a cluster to fail over"
+    if not backend.features.fails_over:
+        return None, f"{type(backend).__name__} is not a cluster of nodes that fails over"
     commands = FailoverCommands(restart=options.failover_restart, kill=options.failover_kill)
     failover = Failover(backend, backend.index_of(namespace), commands, record)
     try:
