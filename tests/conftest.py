@@ -16,6 +16,7 @@ from django_esdlock.conf import load_backend
 from django_esdlock.exceptions import LockBackendUnavailable
 
 from . import browser, throwaway_postgres
+from .contract import store_params
 from .dbstores import database_url, fresh_database, postgres_store, shared_db_store, sqlite_store
 from .peer import Peer
 from .stores import elasticsearch_url, es_store, shared_es_store
@@ -26,12 +27,15 @@ if os.environ.get("ESDLOCK_ES") == "noida":  # the local override: noida-db even
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):
-    """Mark the tests of ``test_*_browser.py`` modules ``browser`` (they drive Chromium), the benchmark's ``bench``."""
+    """Mark the tests of ``test_*_browser.py`` modules ``browser`` (they drive Chromium), the benchmark's ``bench``,
+    and those of the Elasticsearch backend's own modules (``test_elasticsearch*.py``) ``elasticsearch``."""
     for item in items:
         if item.module.__name__.endswith("_browser"):
             item.add_marker(pytest.mark.browser)
         elif item.module.__name__.endswith(".test_bench"):
             item.add_marker(pytest.mark.bench)
+        if item.module.__name__.startswith("tests.test_elasticsearch"):
+            item.add_marker(pytest.mark.elasticsearch)
 
 
 def pytest_collection_finish(session):
@@ -172,9 +176,6 @@ def peer(lock_config, _idle_peers):
         _idle_peers.popitem(last=False)[1].close()
 
 
-STORES = ["elasticsearch", "postgres", "sqlite"]
-
-
 class SharedStores:
     """One store of each kind for the run, emptied between tests, replaced when a test left it changed.
 
@@ -233,7 +234,7 @@ def shared_stores(request, django_db_blocker):
     stores.close()
 
 
-@pytest.fixture(params=STORES)
+@pytest.fixture(params=store_params())
 def store_config(request, shared_stores, django_db_blocker):
     """A LOCK_BACKEND config on an empty store of each kind (one per kind for the run, emptied before each test)."""
     config = shared_stores.get(request.param)
@@ -245,7 +246,7 @@ def store_config(request, shared_stores, django_db_blocker):
         yield config
 
 
-@pytest.fixture(params=STORES)
+@pytest.fixture(params=store_params())
 def fresh_store_config(request, django_db_blocker):
     """A LOCK_BACKEND config on a store of each kind made for this test alone, removed afterwards.
 

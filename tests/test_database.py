@@ -1,4 +1,4 @@
-"""The contract suite and the database backend's own guarantees, on real PostgreSQL and SQLite."""
+"""The database backend's own guarantees, on real PostgreSQL and SQLite (the contract runs in tests/contract/)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from django_esdlock.conf import get_backend, load_backend
 from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 
-from .contract import LockBackendContract, all_holders
+from .contract import all_holders
 from .dbstores import (
     TcpProxy,
     alias_config,
@@ -45,9 +45,7 @@ from .dbstores import (
     with_port,
 )
 from .expiry import expire
-from .listing_contract import ListingContract
 from .peer import SPAWN, Peer
-from .reaper_contract import ReaperContract
 
 # --- stores ---------------------------------------------------------------------
 
@@ -97,36 +95,6 @@ def backend_of():
     yield build
     for backend in built:
         backend.close()
-
-
-class TestPostgresContract(LockBackendContract):
-    @pytest.fixture
-    def lock_config(self, pg_store):
-        clear_store(pg_store)
-        return pg_store
-
-
-class TestSQLiteContract(LockBackendContract):
-    @pytest.fixture
-    def lock_config(self, sqlite_store_config):
-        clear_store(sqlite_store_config)
-        return sqlite_store_config
-
-
-class TestPostgresReaper(ReaperContract):
-    lock_config = TestPostgresContract.lock_config
-
-
-class TestSQLiteReaper(ReaperContract):
-    lock_config = TestSQLiteContract.lock_config
-
-
-class TestPostgresListing(ListingContract):
-    lock_config = TestPostgresContract.lock_config
-
-
-class TestSQLiteListing(ListingContract):
-    lock_config = TestSQLiteContract.lock_config
 
 
 def _request(*paths: str, mode: Mode = Mode.X, ttl: float = 30.0, intent=None, namespace: str = "default"):

@@ -1,4 +1,4 @@
-"""The contract suite and Elasticsearch-specific behaviour, against a real server."""
+"""Elasticsearch-specific behaviour (setup, mappings, what a request may carry), against a real server."""
 
 from __future__ import annotations
 
@@ -22,24 +22,14 @@ from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, WaitState
 
 from . import waiting_state
-from .contract import LockBackendContract
-from .listing_contract import ListingContract
-from .reaper_contract import ReaperContract
 from .stores import es_store
 
 
 @pytest.fixture
-def lock_config(request, es_url, shared_stores):
-    """The contract classes: the run's index, emptied. This module's own tests (setup, mappings): a fresh one."""
-    if request.cls is not None:
-        yield shared_stores.get("elasticsearch")
-        return
+def lock_config(es_url):
+    """A fresh lock index: this module's tests are of setup and mappings (the contract runs in tests/contract/)."""
     with es_store(es_url) as config:
         yield config
-
-
-class TestElasticsearchContract(LockBackendContract):
-    pass
 
 
 def test_index_has_one_shard_and_the_strict_mapping(lock_config):
@@ -160,14 +150,6 @@ def test_construction_makes_no_request():
         connection, _ = listener.accept()  # the control: a request does reach it
         connection.close()
         backend.close()
-
-
-class TestElasticsearchReaper(ReaperContract):
-    pass
-
-
-class TestElasticsearchListing(ListingContract):
-    pass
 
 
 def test_reap_locks_reports_an_unreachable_store():

@@ -8,8 +8,7 @@ from django_esdlock import lock_tree
 from django_esdlock.conf import load_backend
 from django_esdlock.modes import Mode
 
-from .conftest import STORES
-from .contract import all_holders, raw_grant
+from .contract import STORES, all_holders, raw_grant
 from .peer import Peer
 from .stores import es_store
 

@@ -17,9 +17,9 @@ from django_esdlock import LockDeadlock, LockLost, LockTimeout, LockUnavailable,
 from django_esdlock.modes import Mode, compatible
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 
-from .apis import SyncApi
-from .expiry import expire
-from .leases import wait_until
+from ..apis import SyncApi
+from ..expiry import expire
+from ..leases import wait_until
 
 
 def all_holders(backend) -> list:

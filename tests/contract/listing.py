@@ -7,8 +7,8 @@ import socket
 from django_esdlock import lock_tree
 from django_esdlock.modes import Mode
 
-from .contract import raw_grant
-from .expiry import expire
+from ..expiry import expire
+from .lock import raw_grant
 
 
 def keys(page) -> set[tuple[str, str, str]]:

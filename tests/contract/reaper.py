@@ -15,11 +15,11 @@ from django_esdlock.modes import Mode
 from django_esdlock.reaper import Reaper
 from django_esdlock.signals import lock_reaped, lock_unrecoverable
 
-from . import handlers  # noqa: F401  (registers the test recovery handlers)
-from .contract import all_holders, raw_grant
-from .expiry import expire
-from .peer import SPAWN, Peer, setup_django
-from .procs import spawned
+from .. import handlers  # noqa: F401  (registers the test recovery handlers)
+from ..expiry import expire
+from ..peer import SPAWN, Peer, setup_django
+from ..procs import spawned
+from .lock import all_holders, raw_grant
 
 
 def reap(config, *args: str) -> dict:

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from .apis import AsyncApi
-from .contract import LockBackendContract
+from ..apis import AsyncApi
+from . import store_params
+from .lock import LockBackendContract
+
+pytestmark = pytest.mark.contract
 
 ASYNC_DRIVER_TESTS = frozenset(
     {
@@ -32,7 +35,7 @@ ASYNC_DRIVER_TESTS = frozenset(
 """The contract tests that go through each store's own async code (aacquire's wait, arenew, aclose...)."""
 
 _missing = ASYNC_DRIVER_TESTS - set(dir(LockBackendContract))
-assert not _missing, f"renamed in tests/contract.py? {sorted(_missing)}"
+assert not _missing, f"renamed in tests/contract/lock.py? {sorted(_missing)}"
 
 
 class TestAsyncContract(LockBackendContract):
@@ -40,7 +43,7 @@ class TestAsyncContract(LockBackendContract):
 
     api = AsyncApi
 
-    @pytest.fixture(params=["elasticsearch"])
+    @pytest.fixture(params=store_params("elasticsearch"))
     def lock_config(self, request, shared_stores):
         return shared_stores.get(request.param)
 
@@ -50,7 +53,7 @@ class TestAsyncContractDrivers(LockBackendContract):
 
     api = AsyncApi
 
-    @pytest.fixture(params=["postgres", "sqlite"])
+    @pytest.fixture(params=store_params("postgres", "sqlite"))
     def lock_config(self, request, shared_stores, django_db_blocker):
         with django_db_blocker.unblock():  # the database backend opens connections of its own
             yield shared_stores.get(request.param)

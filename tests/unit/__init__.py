@@ -1,0 +1,1 @@
+"""Tests that need no store: paths and modes, the wait-for graph, redaction, process identity, the import graph."""
