@@ -21,7 +21,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import path
 
 from django_esdlock import LockBackendUnavailable, lock_documents, lock_tree
-from django_esdlock.backends.database import DatabaseLockBackend, listener
+from django_esdlock.backends.database import DatabaseLockBackend
+from django_esdlock.backends.database.postgresql import listener
 from django_esdlock.conf import get_backend, load_backend
 from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, Owner
@@ -907,7 +908,8 @@ def test_the_previous_releases_acquire_call_still_runs_after_migration_0006(pg_c
     backend.setup()
     node = Node("default", Kind.DOCUMENT, "rolling")
     request = LockRequest(uuid.uuid4().hex, Owner.current(), ((node, Mode.X),), 30, reentrant=True)
-    statement, params = backend.dialect.acquire_call(request, [node], backend.marker_ttl_ms)
+    call = next(backend.dialect.acquire_steps(request, [node], backend.marker_ttl_ms))
+    statement, params = call.sql, call.params
     assert statement.count("%(reentrant)s::text[]") == 1 and params["reentrant"] == [node.id]
     previous = statement.replace("%(reentrant)s::text[]", "%(reentrant)s::boolean")
     with psycopg.connect(pg_config["OPTIONS"]["url"], autocommit=True) as connection:
