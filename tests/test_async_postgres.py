@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from django_esdlock import alock_tree
-from django_esdlock.backends.database import aio
+from django_esdlock.backends.database.postgresql import sessions as aio
 
 from .contract import all_holders
 from .dbstores import postgres_store

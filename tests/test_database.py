@@ -21,7 +21,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import path
 
 from django_esdlock import LockBackendUnavailable, lock_documents, lock_tree
-from django_esdlock.backends.database import DatabaseLockBackend, listener
+from django_esdlock.backends.database import DatabaseLockBackend
+from django_esdlock.backends.database.postgresql import listener
+from django_esdlock.backends.database.postgresql.functions import CURRENT, function_sql
 from django_esdlock.conf import get_backend, load_backend
 from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, Owner
@@ -875,10 +877,34 @@ def test_the_previous_releases_acquire_call_still_runs_after_migration_0006(pg_c
     backend.setup()
     node = Node("default", Kind.DOCUMENT, "rolling")
     request = LockRequest(uuid.uuid4().hex, Owner.current(), ((node, Mode.X),), 30, reentrant=True)
-    statement, params = backend.dialect.acquire_call(request, [node], backend.marker_ttl_ms)
+    call = next(backend.dialect.acquire_steps(request, [node], backend.marker_ttl_ms))
+    statement, params = call.sql, call.params
     assert statement.count("%(reentrant)s::text[]") == 1 and params["reentrant"] == [node.id]
     previous = statement.replace("%(reentrant)s::text[]", "%(reentrant)s::boolean")
     with psycopg.connect(pg_config["OPTIONS"]["url"], autocommit=True) as connection:
         token, taken = connection.execute(previous, {**params, "reentrant": True}).fetchone()
     assert token > 0 and taken == [node.id]
     assert [h.holder_id for h in all_holders(backend)] == [request.holder_id]
+
+
+def test_the_database_runs_the_current_function_files(pg_config, backend_of):
+    """After migrate, PostgreSQL's functions are the latest .sql files (and the boolean overload v4), byte for byte."""
+    backend_of(pg_config).setup()
+    with psycopg.connect(url_of(pg_config), autocommit=True) as connection:
+        installed = dict(
+            connection.execute(
+                "SELECT p.oid::regprocedure::text, p.prosrc FROM pg_proc p"
+                " WHERE p.proname LIKE 'esdlock%' AND pg_function_is_visible(p.oid)"
+            ).fetchall()
+        )
+    files = {
+        signature: function_sql(name, version).split("$$")[1]
+        for signature, (name, version) in {
+            "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
+            "precision,jsonb,text[],bigint,double precision)": ("esdlock_acquire", CURRENT["esdlock_acquire"]),
+            "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
+            "precision,jsonb,boolean,bigint,double precision)": ("esdlock_acquire", 4),
+            "esdlock_release(text,text,jsonb)": ("esdlock_release", CURRENT["esdlock_release"]),
+        }.items()
+    }
+    assert installed == files

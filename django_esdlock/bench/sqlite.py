@@ -9,7 +9,7 @@ from typing import Any
 
 from .kit import Baseline, RequestCount, StoreKit, bench_owner, fill_nodes, statements_counted
 
-# One node row and one holder row per filled lock (the layout of backends/database/sqlite.py),
+# One node row and one holder row per filled lock (the layout of backends/database/sqlite/dialect.py),
 # the holder's lease set by SQLite's clock like the backend's.
 FILL_NODE = "INSERT INTO esdlock_node (id, namespace, kind, key, parent, depth) VALUES (?, ?, 'tree', ?, '', 1)"
 FILL_HOLDER = """

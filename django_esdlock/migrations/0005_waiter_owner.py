@@ -7,19 +7,11 @@
   leaves. Nothing else of the function changes.
 """
 
-from importlib import import_module
-
 from django.db import migrations, models
 
-_previous = import_module("django_esdlock.migrations.0004_release_without_flush_channel_setting")
+from django_esdlock.backends.database.postgresql.functions import function_sql
 
-_COLUMNS = "INSERT INTO esdlock_waiter AS w (node_id, holder_id, mode, ticket, expires_at, channel)"
-_VALUES = f"{_previous._SET_CHANNEL}\n            FROM unnest(v_refused) AS r(node_id)"
-
-ACQUIRE_FUNCTION = _previous.ACQUIRE_FUNCTION.replace(_COLUMNS, _COLUMNS[:-1] + ", owner)").replace(
-    _VALUES, _VALUES.replace(_previous._SET_CHANNEL, _previous._SET_CHANNEL + ", p_owner")
-)
-assert ACQUIRE_FUNCTION.count(", owner)") == 1 and ACQUIRE_FUNCTION.count(", p_owner\n") == 1
+ACQUIRE_FUNCTION = function_sql("esdlock_acquire", 4)
 
 
 def forwards(apps, schema_editor):
@@ -29,7 +21,7 @@ def forwards(apps, schema_editor):
 
 def backwards(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(_previous.ACQUIRE_FUNCTION)
+        schema_editor.execute(function_sql("esdlock_acquire", 3))
 
 
 class Migration(migrations.Migration):

@@ -9,19 +9,11 @@
   working through a rolling deploy; nothing else of the function changes.
 """
 
-from importlib import import_module
-
 from django.db import migrations
 
-_previous = import_module("django_esdlock.migrations.0005_waiter_owner")
+from django_esdlock.backends.database.postgresql.functions import function_sql
 
-_PARAMETER = "p_intent jsonb, p_reentrant boolean,"
-_SKIP = "p_reentrant AND coalesce(h.reentered, false) AS reentered"
-
-ACQUIRE_FUNCTION = _previous.ACQUIRE_FUNCTION.replace(_PARAMETER, "p_intent jsonb, p_reentrant text[],").replace(
-    _SKIP, "a.node_id = ANY(p_reentrant) AND coalesce(h.reentered, false) AS reentered"
-)
-assert ACQUIRE_FUNCTION.count("p_reentrant text[]") == 1 and ACQUIRE_FUNCTION.count("ANY(p_reentrant)") == 1
+ACQUIRE_FUNCTION = function_sql("esdlock_acquire", 5)
 
 DROP_ACQUIRE_FUNCTION = (
     "DROP FUNCTION IF EXISTS esdlock_acquire(text[], text[], text[], text[], text[], int[], text[], text[], text, "

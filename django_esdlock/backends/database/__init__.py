@@ -1,6 +1,9 @@
-"""The database lock backend (PostgreSQL, SQLite): ``DatabaseLockBackend``."""
+"""The database lock backend (PostgreSQL, SQLite): ``DatabaseLockBackend``.
 
-from . import listener
+``backend.py`` is the shared backend, ``dialect.py`` what a vendor declares
+and implements; each vendor is a package (``postgresql/``, ``sqlite/``).
+"""
+
 from .backend import DatabaseLockBackend
 
-__all__ = ["DatabaseLockBackend", "listener"]
+__all__ = ["DatabaseLockBackend"]

@@ -4,10 +4,12 @@ This module is the part every database shares: connections of the backend's
 own (one per thread, never the caller's, so lock state commits on its own
 and is not rolled back with the caller's work), failure translation, schema
 setup, waiting and the listing and reaping loops. What to send and how to
-read the answer is the dialect's: ``postgresql`` (the production target:
-acquire and release one autocommit call each, waiters woken by
-``LISTEN/NOTIFY`` through ``listener``) and ``sqlite`` (the zero-setup
-embedded default, with the limits its module lists).
+read the answer is the dialect's (``dialect.Dialect``: its declared features
+and methods), chosen by the Django wrapper's vendor in :data:`DIALECTS`:
+``postgresql/`` (the production target: acquire and release one autocommit
+call each, waiters woken by ``LISTEN/NOTIFY``) and ``sqlite/`` (the
+zero-setup embedded default, with the limits its module lists). This module
+names no vendor.
 """
 
 from __future__ import annotations
@@ -34,20 +36,16 @@ from django.db.utils import ConnectionDoesNotExist, ConnectionHandler, load_back
 
 from ...exceptions import LockBackendUnavailable
 from ...forks import ForkSafeLock
+from ...limits import Limits
 from ...modes import Mode
 from ...records import Grant, HolderPage, HolderRecord, LockRequest, Node, Owner, WaitState
 from ...redaction import add_secrets, redact, url_secrets
-from ..base import BaseLockBackend, StoreFeatures, backoff_delay, close_per_loop, expires_ms, takeover_request
-from . import listener
-from .aio import LoopSessions
-from .common import Dialect, decode_cursor, encode_cursor, json_text, record, takeover_params, waiter
-from .postgresql import SETUP_LOCK_KEY, PostgresDialect
+from ...steps import Steps
+from ..base import BaseLockBackend, backoff_delay, close_per_loop, expires_ms, takeover_request
+from .dialect import Dialect
+from .postgresql import PostgresDialect
+from .rows import decode_cursor, encode_cursor, json_text, record, takeover_params, waiter
 from .sqlite import SQLiteDialect
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no lock file, concurrent first uses may race
-    fcntl = None  # type: ignore[assignment]
 
 logger = logging.getLogger("django_esdlock")
 
@@ -67,7 +65,16 @@ NOTIFY_FALLBACK_INITIAL = 0.25
 NOTIFY_FALLBACK_CAP = 2.0
 """Longest wait between attempts while listening: a lease that runs out sends no notification."""
 
-_SUPPORTED_VENDORS = ("postgresql", "sqlite")
+DIALECTS: dict[str, type[Dialect]] = {dialect.vendor: dialect for dialect in (PostgresDialect, SQLiteDialect)}
+"""The dialect of each Django database vendor the backend supports (``DatabaseWrapper.vendor``)."""
+
+URL_SCHEMES = frozenset({"postgres", "postgresql", "pgsql", "psql", "postgis", "sqlite"})
+
+DEFAULT_PORT = 5432
+"""The port of a PostgreSQL URL or alias that names none (libpq's default)."""
+
+_LOCK_SETTINGS = ("ttl", "deadlock_timeout", "token_floor", *(key.lower() for key in Limits.SETTINGS))
+"""The query parameters of a ``LOCK_BACKEND`` URL that are lock settings, not the database's."""
 
 # What a forked child inherited: never used, never closed (closing would end
 # the parent's sessions), kept from the garbage collector for the same reason.
@@ -180,24 +187,21 @@ class DatabaseLockBackend(BaseLockBackend):
                 f"DatabaseLockBackend cannot load database engine {settings_dict['ENGINE']!r}: {e}"
             ) from e
         self.vendor: str = wrapper_class.vendor
-        if self.vendor not in _SUPPORTED_VENDORS:
+        dialect_class = DIALECTS.get(self.vendor)
+        if dialect_class is None:
+            supported = " and ".join(d.display_name for d in DIALECTS.values())
             raise ImproperlyConfigured(
-                f"DatabaseLockBackend supports PostgreSQL and SQLite, not {wrapper_class.display_name} "
+                f"DatabaseLockBackend supports {supported}, not {wrapper_class.display_name} "
                 f"({settings_dict['ENGINE']})"
             )
-        if self.vendor == "sqlite" and str(settings_dict["NAME"]) in ("", ":memory:"):
-            raise ImproperlyConfigured("DatabaseLockBackend needs a SQLite database file, not an in-memory database")
-        self.dialect: Dialect = PostgresDialect() if self.vendor == "postgresql" else SQLiteDialect()
-        notifies = self.dialect.supports_notify and _psycopg3()
-        # PostgreSQL through psycopg 3.2+: the async API's own sessions, per event loop (see aio).
-        self.features = StoreFeatures(
-            can_list_waiting=True,
-            can_take_over=True,
-            can_force_release=True,
-            notifies=notifies,
-            async_native=notifies,
-        )
-        if notifies:  # a release wakes waiters; polling only catches leases that ran out
+        if dialect_class.needs_database_file and str(settings_dict["NAME"]) in ("", ":memory:"):
+            raise ImproperlyConfigured(
+                f"DatabaseLockBackend needs a {dialect_class.display_name} database file, not an in-memory database"
+            )
+        self.dialect: Dialect = dialect_class()
+        # PostgreSQL through psycopg 3.2+: notified waiters, and the async API's own sessions per event loop.
+        self.features = self.dialect.store_features()
+        if self.features.notifies:  # a release wakes waiters; polling only catches leases that ran out
             self.queued_poll_cap = NOTIFY_QUEUED_POLL_CAP
         self._local = threading.local()
         self._lock = ForkSafeLock()
@@ -205,18 +209,63 @@ class DatabaseLockBackend(BaseLockBackend):
         self._wrappers: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()
         self._pid = os.getpid()
         self._schema_ready = False
-        self._loop_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopSessions] = (
-            weakref.WeakKeyDictionary()
-        )
+        # The dialect's sessions of each event loop (see Dialect.loop_sessions).
+        self._loop_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
     def describe(self) -> str:
-        s = self._base_settings()
-        if self.vendor == "sqlite":
-            where = f"SQLite {s['NAME']}"
-        else:
-            host = s["HOST"] or "local socket"
-            where = f"PostgreSQL database {s['NAME']!r} on {host}{':' + str(s['PORT']) if s['PORT'] else ''}"
+        where = self.dialect.describe(self._base_settings())
         return redact(where if self.using is None else f"{where} (alias {self.using!r})")
+
+    # --- declarations (see BaseLockBackend) -------------------------------------
+
+    url_schemes = URL_SCHEMES
+
+    @classmethod
+    def options_from_url(cls, url: str) -> dict[str, Any]:
+        """``postgres://user:pass@host:5432/db?sslmode=require`` or ``sqlite:////abs/path.sqlite3``: OPTIONS ``url``.
+
+        Every query parameter but the lock settings' (``ttl``, ``token_floor``,
+        ...) stays in ``url``, for the database; ``token_floor`` becomes the
+        option of that name.
+        """
+        # Cut the query by hand: urlunsplit would turn sqlite:////abs/path into sqlite://abs/path.
+        base, _, query = url.partition("?")
+        pairs = urllib.parse.parse_qsl(query)
+        rest = urllib.parse.urlencode([(k, v) for k, v in pairs if k not in _LOCK_SETTINGS])
+        options: dict[str, Any] = {"url": f"{base}?{rest}" if rest else base}
+        token_floor = dict(pairs).get("token_floor")
+        if token_floor is not None:
+            options["token_floor"] = token_floor
+        return options
+
+    def endpoints(self) -> tuple[list[tuple[str, int]], str]:
+        """The database server's (host, port); none for SQLite, a local file."""
+        if self.url is None:
+            settings = connections.settings[self.using]
+            if "postgresql" not in settings["ENGINE"]:
+                return [], f"database alias {self.using!r} is not PostgreSQL (SQLite is a local file)"
+            return [(settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or DEFAULT_PORT))], ""
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme == "sqlite":
+            return [], "SQLite is a local file: there is no connection to cut"
+        return [(parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORT)], ""
+
+    def options_through(self, options: dict[str, Any], ports: Sequence[int]) -> dict[str, Any]:
+        """``options`` with the database reached at 127.0.0.1:``ports[0]`` by URL (an alias becomes its URL)."""
+        options = dict(options)
+        port = ports[0]
+        if "url" in options:
+            parts = urllib.parse.urlsplit(options["url"])
+            auth = parts.netloc.rpartition("@")[0]
+            netloc = f"{auth + '@' if auth else ''}127.0.0.1:{port}"
+            options["url"] = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+        else:  # a DATABASES alias: the same database, by URL
+            settings = connections.settings[options.pop("using")]
+            user = urllib.parse.quote(settings.get("USER") or "", safe="")
+            password = urllib.parse.quote(settings.get("PASSWORD") or "", safe="")
+            auth = f"{user}:{password}@" if password else f"{user}@" if user else ""
+            options["url"] = f"postgres://{auth}127.0.0.1:{port}/{urllib.parse.quote(settings['NAME'], safe='')}"
+        return options
 
     # --- connections -----------------------------------------------------------
 
@@ -270,7 +319,7 @@ class DatabaseLockBackend(BaseLockBackend):
             for wrapper in wrappers:
                 _close_when_idle(wrapper)
             loop_sessions, self._loop_sessions = self._loop_sessions, weakref.WeakKeyDictionary()
-            close_per_loop(loop_sessions, LoopSessions.aclose)
+            close_per_loop(loop_sessions, lambda sessions: sessions.aclose())
 
     def _prepare(self, wrapper: BaseDatabaseWrapper) -> None:
         """Open the connection if needed and set up a new one for lock work."""
@@ -303,7 +352,7 @@ class DatabaseLockBackend(BaseLockBackend):
             yield
         except LockBackendUnavailable:
             raise
-        except (DjangoDatabaseError, *_driver_errors(self.vendor)) as e:
+        except (DjangoDatabaseError, *self.dialect.driver_errors()) as e:
             raise LockBackendUnavailable(f"{self.describe()} failed to {action}: {e}") from e
 
     def _run(
@@ -404,7 +453,7 @@ class DatabaseLockBackend(BaseLockBackend):
         wrapper = self.connection
         with self._translate("create the lock tables"), _in_use(wrapper), _as_django_connection(wrapper):
             self._prepare(wrapper)
-            with self._setup_guard(wrapper):
+            with self.dialect.setup_guard(wrapper, self._base_settings()):
                 for last_try in (False, True):
                     executor = MigrationExecutor(wrapper)
                     targets = executor.loader.graph.leaf_nodes(APP_LABEL)
@@ -417,34 +466,10 @@ class DatabaseLockBackend(BaseLockBackend):
                         executor.migrate(targets, plan=plan)
                         break
                     except DjangoDatabaseError:
-                        # SQLite: another process created them meanwhile; look again.
-                        if last_try or self.vendor != "sqlite":
+                        # Another process may have created them meanwhile: look again.
+                        if last_try or not self.dialect.setup_may_race:
                             raise
         self._schema_ready = True
-
-    @contextlib.contextmanager
-    def _setup_guard(self, wrapper: BaseDatabaseWrapper) -> Iterator[None]:
-        """Let one process at a time create the tables: an advisory lock, or on SQLite a lock file beside it."""
-        if not isinstance(self.dialect, PostgresDialect):
-            if fcntl is None:
-                yield
-                return
-            # Migrations record what they applied after applying it: a second
-            # process that looks in between would create the tables again.
-            with open(f"{self._base_settings()['NAME']}.setup-lock", "a") as guard:
-                fcntl.flock(guard, fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    fcntl.flock(guard, fcntl.LOCK_UN)
-            return
-        with wrapper.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(%s)", [SETUP_LOCK_KEY])
-        try:
-            yield
-        finally:
-            with wrapper.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [SETUP_LOCK_KEY])
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         """Report an unreachable lock database (this connects: ``manage.py check --deploy`` asks for it)."""
@@ -579,8 +604,8 @@ class DatabaseLockBackend(BaseLockBackend):
     def wait_release(self, request: LockRequest, timeout: float, attempt: int) -> None:
         """Block until a release that may free this thread's request is announced, a backoff step, or ``timeout``.
 
-        On PostgreSQL this thread's own lock session listens (see
-        ``listener``): a release notifies the sessions of the waiters it may
+        Where the dialect notifies (PostgreSQL: ``postgresql/listener.py``)
+        this thread's own lock session listens: a release notifies the sessions of the waiters it may
         free, and the thread reads its socket. The first wait of a session
         only starts listening and returns at once (the caller tries again).
         The backoff step, longer with a listener, is the fallback for leases
@@ -592,41 +617,38 @@ class DatabaseLockBackend(BaseLockBackend):
         wrapper = self.connection
         try:
             with self._translate("wait for a release"):
-                if not listener.listening(wrapper):
+                if not self.dialect.listening(wrapper):
                     self._run(
                         "listen for releases",
-                        lambda cursor: (listener.listen(wrapper, cursor), False),
+                        lambda cursor: (self.dialect.listen(wrapper, cursor), False),
                         transaction=False,
                     )
                     return
                 step = backoff_delay(attempt, initial=NOTIFY_FALLBACK_INITIAL, cap=NOTIFY_FALLBACK_CAP)
                 with _in_use(wrapper):
-                    listener.wait(wrapper, min(timeout, step))
+                    self.dialect.wait_for_release(wrapper, min(timeout, step))
         except LockBackendUnavailable as e:
             logger.info("waiting without notifications: %s", e)
             self._discard(wrapper)
             super().wait_release(request, timeout, attempt)
 
-    # --- the async API: natively on PostgreSQL, else the blocking calls in a worker thread ---
+    # --- the async API: natively where the dialect is async-native, else the blocking calls in a worker thread ---
 
-    def _sessions(self) -> LoopSessions:
-        """The running event loop's PostgreSQL sessions (made on first use)."""
+    def _sessions(self) -> Any:
+        """The running event loop's sessions (made on first use)."""
         self._forget_inherited()
         loop = asyncio.get_running_loop()
         sessions = self._loop_sessions.get(loop)
         if sessions is None:
-            params = self._new_wrapper().get_connection_params()
-            for django_only in ("cursor_factory", "context"):  # a blocking cursor class, Django's type loaders
-                params.pop(django_only, None)
-            sessions = self._loop_sessions[loop] = LoopSessions(params, self.async_sessions)
+            sessions = self._loop_sessions[loop] = self.dialect.loop_sessions(self._new_wrapper(), self.async_sessions)
         return sessions
 
-    async def _acall(self, action: str, read: Callable[..., Any], call: tuple[str, dict[str, Any]]) -> Any:
-        """Send one statement on a session of this loop; translate failures as :meth:`_run` does."""
+    async def _acall(self, action: str, steps: Callable[[], Steps[T]]) -> T:
+        """Drive the steps ``steps()`` makes on a session of this loop; translate failures as :meth:`_run` does."""
         for first_try in (True, False):
             try:
-                return await read(*call)
-            except _driver_errors(self.vendor) as e:
+                return await self._sessions().run(steps())
+            except self.dialect.driver_errors() as e:
                 if first_try and not self._schema_ready and self.dialect.is_missing_schema(e):
                     logger.info("creating the lock tables in %s", self.describe())
                     await asyncio.to_thread(self.setup)
@@ -641,23 +663,23 @@ class DatabaseLockBackend(BaseLockBackend):
             return await super().aacquire(request)
         if not self._floor_raised:
             await asyncio.to_thread(self._raise_token_floor)
-        dialect: PostgresDialect = self.dialect  # type: ignore[assignment]
         nodes = sorted(dict(request.targets), key=lambda node: node.id)
         sessions = self._sessions()
         if request.ticket is not None:  # a request that may wait: a release may wake it from now on
             sessions.attempt_begins(request.holder_id)
-        call = dialect.acquire_call(request, nodes, self.marker_ttl_ms)
         try:
-            row = await self._acall("acquire", sessions.fetchone, call)
+            grant = await self._acall("acquire", lambda: self.dialect.acquire_steps(request, nodes, self.marker_ttl_ms))
         except BaseException:
             # The call may have committed a grant whose answer never arrived:
             # give it back, best-effort (its lease ends it else).
-            give_back = dialect.release_call(request.holder_id, request.owner.key)
+            released = [(node, None) for node in nodes]
             with contextlib.suppress(Exception):
-                await self._acall("release", sessions.fetchone, give_back)
+                await self._acall(
+                    "release",
+                    lambda: self.dialect.release_steps(request.holder_id, request.owner.key, released),
+                )
             sessions.done_waiting(request.holder_id)
             raise
-        grant = dialect.acquire_answer(row, request, nodes)
         if grant is not None:
             sessions.done_waiting(request.holder_id)
         return grant
@@ -667,10 +689,10 @@ class DatabaseLockBackend(BaseLockBackend):
             return await super().arelease(grant)
         if not grant.taken:
             return True
-        dialect: PostgresDialect = self.dialect  # type: ignore[assignment]
-        call = dialect.release_call(grant.request.holder_id, grant.request.owner.key)
-        row = await self._acall("release", self._sessions().fetchone, call)
-        return bool(row[0])
+        asked = dict(grant.request.targets)
+        released = [(node, asked[node]) for node in grant.taken]
+        holder_id, owner_key = grant.request.holder_id, grant.request.owner.key
+        return await self._acall("release", lambda: self.dialect.release_steps(holder_id, owner_key, released))
 
     async def arenew(
         self,
@@ -684,24 +706,22 @@ class DatabaseLockBackend(BaseLockBackend):
             return await super().arenew(grant, checkpoint=checkpoint, recovery=recovery, timeout=timeout)
         if not grant.taken:
             return True
-        dialect: PostgresDialect = self.dialect  # type: ignore[assignment]
-        call = dialect.renew_call(grant, json_text(checkpoint), json_text(recovery))
+        checkpoint_text, recovery_text = json_text(checkpoint), json_text(recovery)
+        renew = self._acall("renew", lambda: self.dialect.renew_steps(grant, checkpoint_text, recovery_text))
         try:
-            # A session whose call is cancelled is closed, not reused (see aio.LoopSessions.session).
-            return await asyncio.wait_for(self._acall("renew", self._sessions().rowcount, call), timeout) == 1
+            # A session whose call is cancelled is closed, not reused (see LoopSessions.session).
+            return await asyncio.wait_for(renew, timeout)
         except TimeoutError as e:
             raise LockBackendUnavailable(f"{self.describe()} failed to renew within {timeout:.3f}s") from e
 
     async def awithdraw(self, request: LockRequest) -> None:
         if not self.features.async_native:
             return await super().awithdraw(request)
-        dialect: PostgresDialect = self.dialect  # type: ignore[assignment]
-        sessions = self._sessions()
-        sessions.done_waiting(request.holder_id)
-        await self._acall("withdraw waiting markers", sessions.rowcount, dialect.withdraw_call(request))
+        self._sessions().done_waiting(request.holder_id)
+        await self._acall("withdraw waiting markers", lambda: self.dialect.withdraw_steps(request))
 
     async def await_release(self, request: LockRequest, timeout: float, attempt: int) -> None:
-        """Async :meth:`wait_release`: on PostgreSQL the loop's listening session wakes the task (see ``aio``)."""
+        """Async :meth:`wait_release`: where async-native, the loop's listening session wakes the task."""
         if self.features.async_native:
             step = backoff_delay(attempt, initial=NOTIFY_FALLBACK_INITIAL, cap=NOTIFY_FALLBACK_CAP)
             if await self._sessions().wait(request.holder_id, min(timeout, step)):
@@ -927,29 +947,3 @@ def _without_ttl(url: str) -> str:
     base, _, query = url.partition("?")
     kept = [(k, v) for k, v in urllib.parse.parse_qsl(query, keep_blank_values=True) if k != "ttl"]
     return base + ("?" + urllib.parse.urlencode(kept) if kept else "")
-
-
-def _psycopg3() -> bool:
-    """Whether the PostgreSQL driver is psycopg 3.2+, whose ``notifies()`` takes a timeout."""
-    try:
-        import psycopg
-    except ImportError:
-        return False
-    version = tuple(int(part) for part in psycopg.__version__.split(".")[:2] if part.isdigit())
-    return version >= (3, 2)
-
-
-def _driver_errors(vendor: str) -> tuple[type[BaseException], ...]:
-    """The driver's own error classes, for the few calls Django does not wrap."""
-    if vendor == "sqlite":
-        import sqlite3
-
-        return (sqlite3.Error,)
-    try:
-        import psycopg
-
-        return (psycopg.Error,)
-    except ImportError:  # pragma: no cover - psycopg2
-        import psycopg2
-
-        return (psycopg2.Error,)

@@ -20,7 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .postgresql import PostgresDialect, PostgresSQL
+from .queries import CHANNEL_PREFIX, PostgresSQL
+
+
+def channel(wrapper: Any) -> str:
+    """The channel this session's markers name (see ``esdlock_acquire``)."""
+    return f"{CHANNEL_PREFIX}{wrapper.connection.info.backend_pid}"
 
 
 def listening(wrapper: Any) -> bool:
@@ -30,7 +35,7 @@ def listening(wrapper: Any) -> bool:
 
 def listen(wrapper: Any, cursor: Any) -> None:
     """Make this lock session listen on its channel (autocommit: in effect when this returns)."""
-    cursor.execute(PostgresSQL.LISTEN.format(channel=PostgresDialect.channel(wrapper)), [])
+    cursor.execute(PostgresSQL.LISTEN.format(channel=channel(wrapper)), [])
     wrapper._esdlock_listening = wrapper.connection
 
 

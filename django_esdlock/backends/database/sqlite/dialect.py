@@ -30,16 +30,24 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Sequence
+import sqlite3
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.db import Error as DjangoDatabaseError
 
-from ... import modes
-from ...modes import Mode
-from ...protocol import decide  # SQLite runs the reference model itself
-from ...records import Grant, HolderRecord, LockRequest, Node
-from .common import Dialect, json_text, node_row, page_query, record, records_query
+from .... import modes
+from ....modes import Mode
+from ....protocol import decide  # SQLite runs the reference model itself
+from ....records import Grant, HolderRecord, LockRequest, Node
+from ..dialect import Dialect
+from ..queries import page_query, records_query
+from ..rows import json_text, node_row, record
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock file, concurrent first uses may race
+    fcntl = None  # type: ignore[assignment]
 
 TOKEN_COUNTER = "esdlock_token"
 """The one-row table fencing tokens come from."""
@@ -248,12 +256,36 @@ class SQLiteDialect(Dialect):
     """SQLite: every lock operation is a short ``BEGIN IMMEDIATE`` transaction of a few statements."""
 
     vendor = "sqlite"
+    display_name = "SQLite"
+    needs_database_file = True
+    setup_may_race = True
     BEGIN = SQLiteSQL.BEGIN
     PAGE = SQLiteSQL.PAGE
     RECORDS = SQLiteSQL.RECORDS
     AFTER = SQLiteSQL.AFTER
     NODE_FILTERS = SQLiteSQL.NODE_FILTERS
     HOLDER_FILTERS = SQLiteSQL.HOLDER_FILTERS
+
+    def driver_errors(self) -> tuple[type[BaseException], ...]:
+        return (sqlite3.Error,)
+
+    def describe(self, settings_dict: dict[str, Any]) -> str:
+        return f"SQLite {settings_dict['NAME']}"
+
+    @contextlib.contextmanager
+    def setup_guard(self, wrapper: Any, settings_dict: dict[str, Any]) -> Iterator[None]:
+        """A lock file beside the database, for the time of the migrations."""
+        if fcntl is None:
+            yield
+            return
+        # Migrations record what they applied after applying it: a second
+        # process that looks in between would create the tables again.
+        with open(f"{settings_dict['NAME']}.setup-lock", "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(guard, fcntl.LOCK_UN)
 
     def connection_options(self, options: dict[str, Any], ttl: float) -> dict[str, Any]:
         return {"timeout": SQLITE_BUSY_TIMEOUT, **options}

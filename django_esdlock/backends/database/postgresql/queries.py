@@ -1,17 +1,6 @@
-"""PostgreSQL dialect of the database lock backend: the production target.
+"""The statements of the PostgreSQL dialect, and the names they share with its functions and sessions.
 
-Layout (migration 0003): node rows that stay between holds, each naming in
-``entries`` the grants that hold it; one ``esdlock_grant`` row per grant (its
-nodes and modes, owner, lease, token, intent, checkpoint); waiting markers
-in ``esdlock_waiter``. Acquire and release are one autocommit call each of a
-server-side function (``esdlock_acquire``, ``esdlock_release``; their source
-and the rules they keep are in ``migrations/0003_grants_persistent_nodes.py``,
-changed by 0004-0006: the rules of ``django_esdlock.protocol`` in PL/pgSQL),
-so a lock pair is two round trips and two commits whatever the depth, and
-writes the taken node rows plus one grant row to acquire and deletes that one
-row to release.
-
-Rules every statement here keeps besides those of the functions:
+Rules every statement here keeps besides those of the functions (``functions.py``):
 
 - values come only as parameters, never formatted into the text; a statement
   is a constant, or is assembled from constant fragments (listing filters);
@@ -27,16 +16,7 @@ Rules every statement here keeps besides those of the functions:
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Sequence
-from typing import Any
-
-from ... import modes
-from ...modes import Mode
-from ...records import Grant, HolderRecord, LockRequest, Node
-from ..base import renew_params
-from .common import Dialect, node_row, page_query, record, records_query
+from ..queries import page_query, records_query
 
 TOKEN_SEQUENCE = "esdlock_token_seq"
 """The sequence fencing tokens come from."""
@@ -50,11 +30,6 @@ CHANNEL_PREFIX = "esdlock_"
 CLIENT_CHECK_SINCE = 140000
 
 # Which held modes conflict with each mode: passed to esdlock_release, which
-# decides whom a release may free; modes.py stays the only copy of the matrix.
-CONFLICTS = json.dumps({mode.value: sorted(m.value for m in modes.conflicting(mode)) for mode in Mode})
-_CONFLICTS_OF = {mode: ",".join(sorted(m.value for m in modes.conflicting(mode))) for mode in Mode}
-"""What esdlock_acquire is told conflicts with each mode asked (comma-separated)."""
-
 _MS = "%(ttl_ms)s::float8 * interval '1 millisecond'"
 
 # The holders of node `n`: one row per entry whose grant still exists.
@@ -70,28 +45,6 @@ _EVICTABLE = (
 _AWAITING = (
     "h.intent IS NOT NULL AND h.expires_at <= statement_timestamp() - %(grace_ms)s::float8 * interval '1 millisecond'"
 )
-
-
-def session_network_options(ttl: float) -> dict[str, Any]:
-    """The libpq options of a lock session, for a lock TTL of ``ttl`` seconds: a dead peer fails its calls in time.
-
-    ``tcp_user_timeout``: a call whose bytes the server does not acknowledge
-    (it is gone, the network is cut) fails after a third of the TTL (1 to
-    10 s) instead of the kernel's ~15 minutes of retransmissions, and the
-    renewer retries on a new connection within the lease. Keepalives find
-    the same on an idle session (one that waits for a notification);
-    ``connect_timeout`` bounds reconnecting. A setting in the database's
-    OPTIONS wins over these.
-    """
-    seconds = min(10, max(1, math.floor(ttl / 3)))
-    return {
-        "tcp_user_timeout": seconds * 1000,
-        "keepalives": 1,
-        "keepalives_idle": seconds,
-        "keepalives_interval": max(1, seconds // 3),
-        "keepalives_count": 3,
-        "connect_timeout": max(2, seconds),
-    }
 
 
 class PostgresSQL:
@@ -140,6 +93,13 @@ SELECT pg_notify(c.channel, c.holder_id) FROM (
     RAISE_TOKEN_FLOOR = f"""
 SELECT setval('{TOKEN_SEQUENCE}', %(floor)s::bigint) WHERE (SELECT last_value FROM {TOKEN_SEQUENCE}) < %(floor)s::bigint
 """
+
+    # Creating the tables: one process at a time (``setup``).
+    SETUP_LOCK = "SELECT pg_advisory_lock(%s)"
+    SETUP_UNLOCK = "SELECT pg_advisory_unlock(%s)"
+
+    # An async session's markers name the channel of its loop's listening session.
+    SET_CHANNEL = "SELECT set_config('esdlock.channel', %s, false)"
 
     LISTEN = "LISTEN {channel}"  # an identifier: formatted from the backend pid, never from user data
 
@@ -301,179 +261,3 @@ WHERE n.id = ANY(%(ids)s::text[]) AND NOT EXISTS (
     JOIN esdlock_grant g ON g.holder_id = e.holder_id
 )
 """
-
-
-class PostgresDialect(Dialect):
-    """PostgreSQL: acquire, release, renew and takeover are one autocommit statement each."""
-
-    vendor = "postgresql"
-    atomic_calls = True
-    supports_notify = True
-    evicts_by_grant = True
-    BEGIN = PostgresSQL.BEGIN
-    PAGE = PostgresSQL.PAGE
-    RECORDS = PostgresSQL.RECORDS
-    AFTER = PostgresSQL.AFTER
-    NODE_FILTERS = PostgresSQL.NODE_FILTERS
-    HOLDER_FILTERS = PostgresSQL.HOLDER_FILTERS
-
-    def connection_options(self, options: dict[str, Any], ttl: float) -> dict[str, Any]:
-        ours = session_network_options(ttl)
-        # psycopg 3 binds parameters on the server: the calls' arrays are sent
-        # as values, not spelled out as SQL text. (Django leaves prepared
-        # statements off, for poolers; the statements inside the functions
-        # are planned once per session by PL/pgSQL all the same.)
-        try:
-            import psycopg  # noqa: F401
-        except ImportError:  # pragma: no cover - psycopg2
-            return {**ours, **options}
-        return {"server_side_binding": True, **ours, **options}
-
-    def call_timeout(self, wrapper: Any, cursor: Any, ms: int | None) -> None:
-        if ms is None:
-            cursor.execute(PostgresSQL.RESET_STATEMENT_TIMEOUT, [])
-        else:
-            cursor.execute(PostgresSQL.SET_STATEMENT_TIMEOUT, [str(ms)])
-
-    def prepare(self, wrapper: Any, cursor: Any) -> None:
-        cursor.execute(PostgresSQL.SESSION, [])
-        if wrapper.pg_version >= CLIENT_CHECK_SINCE:
-            cursor.execute(PostgresSQL.SESSION_CLIENT_CHECK, [])
-
-    def is_missing_schema(self, error: BaseException) -> bool:
-        return getattr(error, "sqlstate", None) in ("42P01", "42883", "42703")  # no such table, function, column
-
-    # The calls an event loop sends too (see ``aio``): each is a statement and
-    # its parameters, and a reading of its answer, shared by both drivers.
-
-    def acquire_call(self, request: LockRequest, nodes: list[Node], marker_ttl_ms: int) -> tuple[str, dict[str, Any]]:
-        ids, namespaces, kinds, keys, parents, depths = (
-            list(column) for column in zip(*map(node_row, nodes), strict=True)
-        )
-        asked = dict(request.targets)
-        return PostgresSQL.ACQUIRE, {
-            "ids": ids,
-            "namespaces": namespaces,
-            "kinds": kinds,
-            "keys": keys,
-            "parents": parents,
-            "depths": depths,
-            "modes": [asked[node].value for node in nodes],
-            "conflicts": [_CONFLICTS_OF[asked[node]] for node in nodes],
-            "holder_id": request.holder_id,
-            "owner": json.dumps(request.owner.as_dict(), separators=(",", ":")),
-            "owner_key": request.owner.key,
-            "ttl_ms": request.ttl_ms,
-            "intent": None if request.intent is None else json.dumps(request.intent, separators=(",", ":")),
-            "reentrant": [node.id for node in nodes if request.may_reenter(node)],  # the ids it may reenter
-            "ticket": request.ticket,
-            "marker_ttl_ms": marker_ttl_ms,
-        }
-
-    @staticmethod
-    def acquire_answer(row: Sequence[Any], request: LockRequest, nodes: list[Node]) -> Grant | None:
-        token, taken = row
-        if taken is None:
-            return None
-        taken_ids = set(taken)
-        return Grant(request=request, token=token, taken=tuple(node for node in nodes if node.id in taken_ids))
-
-    @staticmethod
-    def release_call(holder_id: str, owner_key: str | None) -> tuple[str, dict[str, Any]]:
-        return PostgresSQL.RELEASE, {"holder_id": holder_id, "owner_key": owner_key, "conflicts": CONFLICTS}
-
-    @staticmethod
-    def withdraw_call(request: LockRequest) -> tuple[str, dict[str, Any]]:
-        ids = sorted({node.id for node, _ in request.targets})
-        return PostgresSQL.WITHDRAW, {"ids": ids, "holder_id": request.holder_id}
-
-    @staticmethod
-    def renew_call(grant: Grant, checkpoint: str | None, recovery: str | None) -> tuple[str, dict[str, Any]]:
-        return PostgresSQL.RENEW, renew_params(grant, checkpoint, recovery)
-
-    def acquire(
-        self, cursor: Any, request: LockRequest, nodes: list[Node], marker_ttl_ms: int
-    ) -> tuple[Grant | None, bool]:
-        cursor.execute(*self.acquire_call(request, nodes, marker_ttl_ms))
-        return self.acquire_answer(cursor.fetchone(), request, nodes), False
-
-    def release(
-        self, cursor: Any, holder_id: str, owner_key: str | None, released: Sequence[tuple[Node, Mode | None]]
-    ) -> tuple[bool, bool]:
-        cursor.execute(*self.release_call(holder_id, owner_key))
-        return bool(cursor.fetchone()[0]), False
-
-    def withdraw(self, cursor: Any, request: LockRequest) -> tuple[None, bool]:
-        cursor.execute(*self.withdraw_call(request))
-        return None, False
-
-    def renew(self, cursor: Any, grant: Grant, checkpoint: str | None, recovery: str | None) -> tuple[bool, bool]:
-        cursor.execute(*self.renew_call(grant, checkpoint, recovery))
-        return cursor.rowcount == 1, False
-
-    def renew_many(self, cursor: Any, grants: Sequence[Grant]) -> tuple[list[bool], bool]:
-        ordered = sorted(grants, key=lambda grant: grant.request.holder_id)
-        params = {
-            "holder_ids": [grant.request.holder_id for grant in ordered],
-            "owner_keys": [grant.request.owner.key for grant in ordered],
-            "ttl_ms": [grant.request.ttl_ms for grant in ordered],
-            "tokens": [grant.token for grant in ordered],
-        }
-        cursor.execute(PostgresSQL.RENEW_MANY, params)
-        renewed = {row[0] for row in cursor.fetchall()}
-        return [grant.request.holder_id in renewed for grant in grants], False
-
-    def take_over(
-        self, cursor: Any, ids: list[str], params: dict[str, Any]
-    ) -> tuple[tuple[int, set[str]] | None, bool]:
-        cursor.execute(PostgresSQL.TAKE_OVER, params)
-        row = cursor.fetchone()
-        if row is None:
-            return None, False
-        return (row[0], set(row[1]) & set(ids)), False
-
-    def evict(self, cursor: Any, rows: list[Sequence[Any]], grace_ms: int) -> tuple[list[HolderRecord], bool]:
-        holder_ids = sorted({row[4] for row in rows})
-        cursor.execute(PostgresSQL.LOCK_GRANTS, {"holder_ids": holder_ids})
-        cursor.execute(PostgresSQL.EVICT, {"holder_ids": holder_ids, "grace_ms": grace_ms})
-        return [record(row) for row in cursor.fetchall()], True
-
-    def drop_expired_markers(self, cursor: Any) -> tuple[None, bool]:
-        cursor.execute(PostgresSQL.DROP_EXPIRED_MARKERS, {})
-        return None, False
-
-    def wait_state(self, cursor: Any, ids: list[str] | None) -> tuple[tuple[list[Any], list[Any]], bool]:
-        cursor.execute(PostgresSQL.WAITERS, {"all": ids is None, "ids": ids or []})
-        markers = cursor.fetchall()
-        on = sorted({row[0] for row in markers})
-        query = PostgresSQL.RECORDS.replace("{nodes}", PostgresSQL.NODE_FILTERS["on_nodes"]).replace(
-            "{holders}", PostgresSQL.HOLDER_FILTERS["blocking"]
-        )
-        cursor.execute(query, {"ids": on})
-        return (markers, cursor.fetchall()), False
-
-    def raise_token_floor(self, cursor: Any, floor: int) -> tuple[bool, bool]:
-        cursor.execute(PostgresSQL.RAISE_TOKEN_FLOOR, {"floor": floor})
-        return cursor.fetchone() is not None, False
-
-    def drop_idle_nodes(self, cursor: Any, after: str, limit: int) -> tuple[tuple[int, str], bool]:
-        cursor.execute(PostgresSQL.LOCK_IDLE_NODES, {"after": after, "limit": limit})
-        ids = [row[0] for row in cursor.fetchall()]
-        if ids:
-            cursor.execute(PostgresSQL.DELETE_IDLE_NODES, {"ids": ids})
-        return (len(ids), ids[-1] if ids else after), True
-
-    def find_evictable(
-        self, cursor: Any, namespace: str | None, grace_ms: int, after: str, limit: int
-    ) -> tuple[tuple[list[Sequence[Any]], list[str]], bool]:
-        cursor.execute(PostgresSQL.EVICTABLE_PAGE, {"grace_ms": grace_ms, "after": after, "limit": limit})
-        holder_ids = [row[0] for row in cursor.fetchall()]
-        if not holder_ids:
-            return ([], []), False
-        cursor.execute(PostgresSQL.GRANT_RECORDS, {"holder_ids": holder_ids, "namespace": namespace})
-        return (cursor.fetchall(), holder_ids), False
-
-    @staticmethod
-    def channel(wrapper: Any) -> str:
-        """The channel this session's markers name (see ``esdlock_acquire``)."""
-        return f"{CHANNEL_PREFIX}{wrapper.connection.info.backend_pid}"

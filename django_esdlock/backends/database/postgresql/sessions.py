@@ -1,8 +1,8 @@
 """PostgreSQL from an event loop: psycopg's async connections, pooled per loop, and one listening session per loop.
 
-The statements and the reading of their answers are the dialect's (the
-``*_call`` and ``*_answer`` methods of ``postgresql``), the same the
-blocking path sends; only the driver differs. Each event loop gets:
+The operations are the dialect's, written once as steps (its ``*_steps``
+methods), the same the blocking path drives on its cursor; only the driver
+differs (:meth:`LoopSessions.run`). Each event loop gets:
 
 - a few sessions of its own (up to ``size``), each call borrowing one for
   one statement, so concurrent tasks run concurrent calls — no thread per
@@ -25,11 +25,15 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
-from .postgresql import CLIENT_CHECK_SINCE, PostgresSQL
+from ....steps import Steps, adrive
+from ..statements import on_async_cursor
+from .queries import CLIENT_CHECK_SINCE, PostgresSQL
 
 logger = logging.getLogger("django_esdlock")
+
+T = TypeVar("T")
 
 
 class LoopSessions:
@@ -60,7 +64,7 @@ class LoopSessions:
             await connection.execute(PostgresSQL.SESSION)
             if connection.info.server_version >= CLIENT_CHECK_SINCE:
                 await connection.execute(PostgresSQL.SESSION_CLIENT_CHECK)
-            await connection.execute("SELECT set_config('esdlock.channel', %s, false)", [self.channel])
+            await connection.execute(PostgresSQL.SET_CHANNEL, [self.channel])
         except BaseException:
             await connection.close()
             raise
@@ -82,15 +86,10 @@ class LoopSessions:
             else:
                 self._idle.append(connection)
 
-    async def fetchone(self, statement: str, params: dict[str, Any]) -> Any:
+    async def run(self, steps: Steps[T]) -> T:
+        """Drive an operation's steps on one session of this loop, borrowed for the whole operation."""
         async with self.session() as connection, connection.cursor() as cursor:
-            await cursor.execute(statement, params)
-            return await cursor.fetchone()
-
-    async def rowcount(self, statement: str, params: dict[str, Any]) -> int:
-        async with self.session() as connection, connection.cursor() as cursor:
-            await cursor.execute(statement, params)
-            return cursor.rowcount
+            return await adrive(steps, lambda step: on_async_cursor(cursor, step))
 
     # --- waking --------------------------------------------------------------
 

@@ -1,0 +1,266 @@
+"""PostgreSQL dialect of the database lock backend: the production target.
+
+Layout: node rows that stay between holds, each naming in ``entries`` the
+grants that hold it; one ``esdlock_grant`` row per grant (its nodes and
+modes, owner, lease, token, intent, checkpoint); waiting markers in
+``esdlock_waiter``. Acquire and release are one autocommit call each of a
+server-side function (``esdlock_acquire``, ``esdlock_release``: the rules of
+``django_esdlock.protocol`` in PL/pgSQL, their source in ``sql/`` and the
+rules they keep in ``functions.py``), so a lock pair is two round trips and
+two commits whatever the depth, and writes the taken node rows plus one
+grant row to acquire and deletes that one row to release. The statements
+are in ``queries.py``; waiters are woken by ``LISTEN/NOTIFY`` (``listener``
+for a blocking session, ``sessions`` for an event loop's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .... import modes
+from ....modes import Mode
+from ....records import Grant, HolderRecord, LockRequest, Node
+from ....steps import Steps
+from ...base import renew_params
+from ..dialect import Dialect
+from ..rows import node_row, record
+from ..statements import Fetch, Statement
+from . import listener
+from .queries import CLIENT_CHECK_SINCE, SETUP_LOCK_KEY, PostgresSQL
+from .sessions import LoopSessions
+
+# Which held modes conflict with each mode: passed to esdlock_release, which
+# decides whom a release may free; modes.py stays the only copy of the matrix.
+CONFLICTS = json.dumps({mode.value: sorted(m.value for m in modes.conflicting(mode)) for mode in Mode})
+_CONFLICTS_OF = {mode: ",".join(sorted(m.value for m in modes.conflicting(mode))) for mode in Mode}
+"""What esdlock_acquire is told conflicts with each mode asked (comma-separated)."""
+
+
+def session_network_options(ttl: float) -> dict[str, Any]:
+    """The libpq options of a lock session, for a lock TTL of ``ttl`` seconds: a dead peer fails its calls in time.
+
+    ``tcp_user_timeout``: a call whose bytes the server does not acknowledge
+    (it is gone, the network is cut) fails after a third of the TTL (1 to
+    10 s) instead of the kernel's ~15 minutes of retransmissions, and the
+    renewer retries on a new connection within the lease. Keepalives find
+    the same on an idle session (one that waits for a notification);
+    ``connect_timeout`` bounds reconnecting. A setting in the database's
+    OPTIONS wins over these.
+    """
+    seconds = min(10, max(1, math.floor(ttl / 3)))
+    return {
+        "tcp_user_timeout": seconds * 1000,
+        "keepalives": 1,
+        "keepalives_idle": seconds,
+        "keepalives_interval": max(1, seconds // 3),
+        "keepalives_count": 3,
+        "connect_timeout": max(2, seconds),
+    }
+
+
+class PostgresDialect(Dialect):
+    """PostgreSQL: acquire, release, renew and takeover are one autocommit statement each."""
+
+    vendor = "postgresql"
+    display_name = "PostgreSQL"
+    atomic_calls = True
+    supports_notify = True
+    async_native = True
+    evicts_by_grant = True
+    BEGIN = PostgresSQL.BEGIN
+    PAGE = PostgresSQL.PAGE
+    RECORDS = PostgresSQL.RECORDS
+    AFTER = PostgresSQL.AFTER
+    NODE_FILTERS = PostgresSQL.NODE_FILTERS
+    HOLDER_FILTERS = PostgresSQL.HOLDER_FILTERS
+
+    def connection_options(self, options: dict[str, Any], ttl: float) -> dict[str, Any]:
+        ours = session_network_options(ttl)
+        # psycopg 3 binds parameters on the server: the calls' arrays are sent
+        # as values, not spelled out as SQL text. (Django leaves prepared
+        # statements off, for poolers; the statements inside the functions
+        # are planned once per session by PL/pgSQL all the same.)
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:  # pragma: no cover - psycopg2
+            return {**ours, **options}
+        return {"server_side_binding": True, **ours, **options}
+
+    def call_timeout(self, wrapper: Any, cursor: Any, ms: int | None) -> None:
+        if ms is None:
+            cursor.execute(PostgresSQL.RESET_STATEMENT_TIMEOUT, [])
+        else:
+            cursor.execute(PostgresSQL.SET_STATEMENT_TIMEOUT, [str(ms)])
+
+    def prepare(self, wrapper: Any, cursor: Any) -> None:
+        cursor.execute(PostgresSQL.SESSION, [])
+        if wrapper.pg_version >= CLIENT_CHECK_SINCE:
+            cursor.execute(PostgresSQL.SESSION_CLIENT_CHECK, [])
+
+    def is_missing_schema(self, error: BaseException) -> bool:
+        return getattr(error, "sqlstate", None) in ("42P01", "42883", "42703")  # no such table, function, column
+
+    def driver_notifies(self) -> bool:
+        """Whether the driver is psycopg 3.2+, whose ``notifies()`` takes a timeout."""
+        try:
+            import psycopg
+        except ImportError:
+            return False
+        version = tuple(int(part) for part in psycopg.__version__.split(".")[:2] if part.isdigit())
+        return version >= (3, 2)
+
+    def driver_errors(self) -> tuple[type[BaseException], ...]:
+        try:
+            import psycopg
+
+            return (psycopg.Error,)
+        except ImportError:  # pragma: no cover - psycopg2
+            import psycopg2
+
+            return (psycopg2.Error,)
+
+    def describe(self, settings_dict: dict[str, Any]) -> str:
+        host = settings_dict["HOST"] or "local socket"
+        port = settings_dict["PORT"]
+        return f"PostgreSQL database {settings_dict['NAME']!r} on {host}{':' + str(port) if port else ''}"
+
+    @contextlib.contextmanager
+    def setup_guard(self, wrapper: Any, settings_dict: dict[str, Any]) -> Iterator[None]:
+        """An advisory lock of the session, for the time of the migrations."""
+        with wrapper.cursor() as cursor:
+            cursor.execute(PostgresSQL.SETUP_LOCK, [SETUP_LOCK_KEY])
+        try:
+            yield
+        finally:
+            with wrapper.cursor() as cursor:
+                cursor.execute(PostgresSQL.SETUP_UNLOCK, [SETUP_LOCK_KEY])
+
+    def listening(self, wrapper: Any) -> bool:
+        return listener.listening(wrapper)
+
+    def listen(self, wrapper: Any, cursor: Any) -> None:
+        listener.listen(wrapper, cursor)
+
+    def wait_for_release(self, wrapper: Any, timeout: float) -> bool:
+        return listener.wait(wrapper, timeout)
+
+    def loop_sessions(self, wrapper: Any, size: int) -> LoopSessions:
+        params = wrapper.get_connection_params()
+        for django_only in ("cursor_factory", "context"):  # a blocking cursor class, Django's type loaders
+            params.pop(django_only, None)
+        return LoopSessions(params, size)
+
+    # The operations an event loop sends too (see ``sessions``): each is
+    # written once as steps, driven on the blocking cursor by the Dialect's
+    # methods and on the loop's sessions by LoopSessions.run.
+
+    def acquire_steps(self, request: LockRequest, nodes: list[Node], marker_ttl_ms: int) -> Steps[Grant | None]:
+        ids, namespaces, kinds, keys, parents, depths = (
+            list(column) for column in zip(*map(node_row, nodes), strict=True)
+        )
+        asked = dict(request.targets)
+        params = {
+            "ids": ids,
+            "namespaces": namespaces,
+            "kinds": kinds,
+            "keys": keys,
+            "parents": parents,
+            "depths": depths,
+            "modes": [asked[node].value for node in nodes],
+            "conflicts": [_CONFLICTS_OF[asked[node]] for node in nodes],
+            "holder_id": request.holder_id,
+            "owner": json.dumps(request.owner.as_dict(), separators=(",", ":")),
+            "owner_key": request.owner.key,
+            "ttl_ms": request.ttl_ms,
+            "intent": None if request.intent is None else json.dumps(request.intent, separators=(",", ":")),
+            "reentrant": [node.id for node in nodes if request.may_reenter(node)],  # the ids it may reenter
+            "ticket": request.ticket,
+            "marker_ttl_ms": marker_ttl_ms,
+        }
+        token, taken = yield Statement(PostgresSQL.ACQUIRE, params, Fetch.ONE)
+        if taken is None:
+            return None
+        taken_ids = set(taken)
+        return Grant(request=request, token=token, taken=tuple(node for node in nodes if node.id in taken_ids))
+
+    def release_steps(
+        self, holder_id: str, owner_key: str | None, released: Sequence[tuple[Node, Mode | None]]
+    ) -> Steps[bool]:
+        # The grant row names its nodes: ``released`` is not sent.
+        params = {"holder_id": holder_id, "owner_key": owner_key, "conflicts": CONFLICTS}
+        row = yield Statement(PostgresSQL.RELEASE, params, Fetch.ONE)
+        return bool(row[0])
+
+    def withdraw_steps(self, request: LockRequest) -> Steps[None]:
+        ids = sorted({node.id for node, _ in request.targets})
+        yield Statement(PostgresSQL.WITHDRAW, {"ids": ids, "holder_id": request.holder_id})
+
+    def renew_steps(self, grant: Grant, checkpoint: str | None, recovery: str | None) -> Steps[bool]:
+        renewed = yield Statement(PostgresSQL.RENEW, renew_params(grant, checkpoint, recovery), Fetch.ROWCOUNT)
+        return renewed == 1
+
+    def renew_many(self, cursor: Any, grants: Sequence[Grant]) -> tuple[list[bool], bool]:
+        ordered = sorted(grants, key=lambda grant: grant.request.holder_id)
+        params = {
+            "holder_ids": [grant.request.holder_id for grant in ordered],
+            "owner_keys": [grant.request.owner.key for grant in ordered],
+            "ttl_ms": [grant.request.ttl_ms for grant in ordered],
+            "tokens": [grant.token for grant in ordered],
+        }
+        cursor.execute(PostgresSQL.RENEW_MANY, params)
+        renewed = {row[0] for row in cursor.fetchall()}
+        return [grant.request.holder_id in renewed for grant in grants], False
+
+    def take_over(
+        self, cursor: Any, ids: list[str], params: dict[str, Any]
+    ) -> tuple[tuple[int, set[str]] | None, bool]:
+        cursor.execute(PostgresSQL.TAKE_OVER, params)
+        row = cursor.fetchone()
+        if row is None:
+            return None, False
+        return (row[0], set(row[1]) & set(ids)), False
+
+    def evict(self, cursor: Any, rows: list[Sequence[Any]], grace_ms: int) -> tuple[list[HolderRecord], bool]:
+        holder_ids = sorted({row[4] for row in rows})
+        cursor.execute(PostgresSQL.LOCK_GRANTS, {"holder_ids": holder_ids})
+        cursor.execute(PostgresSQL.EVICT, {"holder_ids": holder_ids, "grace_ms": grace_ms})
+        return [record(row) for row in cursor.fetchall()], True
+
+    def drop_expired_markers(self, cursor: Any) -> tuple[None, bool]:
+        cursor.execute(PostgresSQL.DROP_EXPIRED_MARKERS, {})
+        return None, False
+
+    def wait_state(self, cursor: Any, ids: list[str] | None) -> tuple[tuple[list[Any], list[Any]], bool]:
+        cursor.execute(PostgresSQL.WAITERS, {"all": ids is None, "ids": ids or []})
+        markers = cursor.fetchall()
+        on = sorted({row[0] for row in markers})
+        query = PostgresSQL.RECORDS.replace("{nodes}", PostgresSQL.NODE_FILTERS["on_nodes"]).replace(
+            "{holders}", PostgresSQL.HOLDER_FILTERS["blocking"]
+        )
+        cursor.execute(query, {"ids": on})
+        return (markers, cursor.fetchall()), False
+
+    def raise_token_floor(self, cursor: Any, floor: int) -> tuple[bool, bool]:
+        cursor.execute(PostgresSQL.RAISE_TOKEN_FLOOR, {"floor": floor})
+        return cursor.fetchone() is not None, False
+
+    def drop_idle_nodes(self, cursor: Any, after: str, limit: int) -> tuple[tuple[int, str], bool]:
+        cursor.execute(PostgresSQL.LOCK_IDLE_NODES, {"after": after, "limit": limit})
+        ids = [row[0] for row in cursor.fetchall()]
+        if ids:
+            cursor.execute(PostgresSQL.DELETE_IDLE_NODES, {"ids": ids})
+        return (len(ids), ids[-1] if ids else after), True
+
+    def find_evictable(
+        self, cursor: Any, namespace: str | None, grace_ms: int, after: str, limit: int
+    ) -> tuple[tuple[list[Sequence[Any]], list[str]], bool]:
+        cursor.execute(PostgresSQL.EVICTABLE_PAGE, {"grace_ms": grace_ms, "after": after, "limit": limit})
+        holder_ids = [row[0] for row in cursor.fetchall()]
+        if not holder_ids:
+            return ([], []), False
+        cursor.execute(PostgresSQL.GRANT_RECORDS, {"holder_ids": holder_ids, "namespace": namespace})
+        return (cursor.fetchall(), holder_ids), False
