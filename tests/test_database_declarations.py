@@ -62,7 +62,7 @@ def test_endpoints_of_an_alias():
     assert DatabaseLockBackend(using="postgres").endpoints() == (expected, "")
     assert DatabaseLockBackend(using="default").endpoints() == (
         [],
-        "database alias 'default' is not PostgreSQL (SQLite is a local file)",
+        "SQLite is a local file: there is no connection to cut",
     )
 
 

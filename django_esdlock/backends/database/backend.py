@@ -68,10 +68,8 @@ NOTIFY_FALLBACK_CAP = 2.0
 DIALECTS: dict[str, type[Dialect]] = {dialect.vendor: dialect for dialect in (PostgresDialect, SQLiteDialect)}
 """The dialect of each Django database vendor the backend supports (``DatabaseWrapper.vendor``)."""
 
-URL_SCHEMES = frozenset({"postgres", "postgresql", "pgsql", "psql", "postgis", "sqlite"})
-
-DEFAULT_PORT = 5432
-"""The port of a PostgreSQL URL or alias that names none (libpq's default)."""
+URL_SCHEMES = frozenset().union(*(dialect.url_schemes for dialect in DIALECTS.values()))
+"""The ``LOCK_BACKEND`` URL schemes of every dialect (django-environ's names of its databases)."""
 
 _LOCK_SETTINGS = ("ttl", "deadlock_timeout", "token_floor", *(key.lower() for key in Limits.SETTINGS))
 """The query parameters of a ``LOCK_BACKEND`` URL that are lock settings, not the database's."""
@@ -239,16 +237,8 @@ class DatabaseLockBackend(BaseLockBackend):
         return options
 
     def endpoints(self) -> tuple[list[tuple[str, int]], str]:
-        """The database server's (host, port); none for SQLite, a local file."""
-        if self.url is None:
-            settings = connections.settings[self.using]
-            if "postgresql" not in settings["ENGINE"]:
-                return [], f"database alias {self.using!r} is not PostgreSQL (SQLite is a local file)"
-            return [(settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or DEFAULT_PORT))], ""
-        parts = urllib.parse.urlsplit(self.url)
-        if parts.scheme == "sqlite":
-            return [], "SQLite is a local file: there is no connection to cut"
-        return [(parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORT)], ""
+        """The database server's (host, port), as the dialect reads the settings; none for a local file."""
+        return self.dialect.endpoints(self._base_settings())
 
     def options_through(self, options: dict[str, Any], ports: Sequence[int]) -> dict[str, Any]:
         """``options`` with the database reached at 127.0.0.1:``ports[0]`` by URL (an alias becomes its URL)."""
@@ -260,11 +250,7 @@ class DatabaseLockBackend(BaseLockBackend):
             netloc = f"{auth + '@' if auth else ''}127.0.0.1:{port}"
             options["url"] = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
         else:  # a DATABASES alias: the same database, by URL
-            settings = connections.settings[options.pop("using")]
-            user = urllib.parse.quote(settings.get("USER") or "", safe="")
-            password = urllib.parse.quote(settings.get("PASSWORD") or "", safe="")
-            auth = f"{user}:{password}@" if password else f"{user}@" if user else ""
-            options["url"] = f"postgres://{auth}127.0.0.1:{port}/{urllib.parse.quote(settings['NAME'], safe='')}"
+            options["url"] = self.dialect.url_through(connections.settings[options.pop("using")], "127.0.0.1", port)
         return options
 
     # --- connections -----------------------------------------------------------

@@ -32,6 +32,8 @@ class Dialect:
     vendor: ClassVar[str]
     """The ``vendor`` of the Django database wrappers this dialect serves (``backend.DIALECTS``)."""
     display_name: ClassVar[str]
+    url_schemes: ClassVar[frozenset[str]] = frozenset()
+    """The ``LOCK_BACKEND`` URL schemes of this database (as django-environ reads them)."""
 
     # --- declared features ---------------------------------------------------
 
@@ -94,6 +96,14 @@ class Dialect:
     def describe(self, settings_dict: dict[str, Any]) -> str:
         """Return where the lock database is, for messages (no credentials)."""
         raise NotImplementedError
+
+    def endpoints(self, settings_dict: dict[str, Any]) -> tuple[list[tuple[str, int]], str]:
+        """The server's (host, port), for ``lock_check``'s proxy; or ``[]`` and why there is no connection to cut."""
+        return [], f"{self.display_name} has no connection to cut"
+
+    def url_through(self, settings_dict: dict[str, Any], host: str, port: int) -> str:
+        """A database URL of ``settings_dict``'s database reached at ``host``:``port`` (its credentials kept)."""
+        raise NotImplementedError(f"{self.display_name} has no connection to cut")
 
     @contextlib.contextmanager
     def setup_guard(self, wrapper: Any, settings_dict: dict[str, Any]) -> Iterator[None]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -32,6 +33,9 @@ from ..statements import Fetch, Statement
 from . import listener
 from .queries import CLIENT_CHECK_SINCE, SETUP_LOCK_KEY, PostgresSQL
 from .sessions import LoopSessions
+
+DEFAULT_PORT = 5432
+"""PostgreSQL's port when the settings name none (libpq's default)."""
 
 # Which held modes conflict with each mode: passed to esdlock_release, which
 # decides whom a release may free; modes.py stays the only copy of the matrix.
@@ -67,6 +71,7 @@ class PostgresDialect(Dialect):
 
     vendor = "postgresql"
     display_name = "PostgreSQL"
+    url_schemes = frozenset({"postgres", "postgresql", "pgsql", "psql", "postgis"})
     atomic_calls = True
     supports_notify = True
     async_native = True
@@ -127,6 +132,15 @@ class PostgresDialect(Dialect):
         host = settings_dict["HOST"] or "local socket"
         port = settings_dict["PORT"]
         return f"PostgreSQL database {settings_dict['NAME']!r} on {host}{':' + str(port) if port else ''}"
+
+    def endpoints(self, settings_dict: dict[str, Any]) -> tuple[list[tuple[str, int]], str]:
+        return [(settings_dict.get("HOST") or "127.0.0.1", int(settings_dict.get("PORT") or DEFAULT_PORT))], ""
+
+    def url_through(self, settings_dict: dict[str, Any], host: str, port: int) -> str:
+        user = urllib.parse.quote(settings_dict.get("USER") or "", safe="")
+        password = urllib.parse.quote(settings_dict.get("PASSWORD") or "", safe="")
+        auth = f"{user}:{password}@" if password else f"{user}@" if user else ""
+        return f"postgres://{auth}{host}:{port}/{urllib.parse.quote(settings_dict['NAME'], safe='')}"
 
     @contextlib.contextmanager
     def setup_guard(self, wrapper: Any, settings_dict: dict[str, Any]) -> Iterator[None]:

@@ -257,6 +257,7 @@ class SQLiteDialect(Dialect):
 
     vendor = "sqlite"
     display_name = "SQLite"
+    url_schemes = frozenset({"sqlite"})
     needs_database_file = True
     setup_may_race = True
     BEGIN = SQLiteSQL.BEGIN
@@ -271,6 +272,9 @@ class SQLiteDialect(Dialect):
 
     def describe(self, settings_dict: dict[str, Any]) -> str:
         return f"SQLite {settings_dict['NAME']}"
+
+    def endpoints(self, settings_dict: dict[str, Any]) -> tuple[list[tuple[str, int]], str]:
+        return [], "SQLite is a local file: there is no connection to cut"
 
     @contextlib.contextmanager
     def setup_guard(self, wrapper: Any, settings_dict: dict[str, Any]) -> Iterator[None]:
