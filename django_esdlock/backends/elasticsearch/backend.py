@@ -37,7 +37,7 @@ from .transport import CLIENT_OPTIONS, Transport
 
 
 class ElasticsearchLockBackend(IndexSetup, Maintenance, Protocol, Transport, BaseLockBackend):
-    """Locks as documents of one Elasticsearch index, as the chapter builds them.
+    """Locks as documents of Elasticsearch lock indices (one by default), as the chapter builds them.
 
     OPTIONS: ``hosts`` (default ``["http://127.0.0.1:9200"]``), ``index``
     (default ``"locks"``), ``number_of_replicas`` (an int, or an
