@@ -155,7 +155,7 @@ class Protocol:
         yield from self._ensure_index_steps()
         holder: dict[str, Any] = {"id": request.holder_id, "owner": request.owner.as_dict()}
         if request.intent is not None:
-            holder["has_intent"] = True  # the intent itself goes to the main node alone (see _holder)
+            holder["has_intent"] = True  # the intent itself goes to the main node alone (see holder_entry)
         with self._sole_lock:
             blocked, _ = self._blocked.pop(request.holder_id, ((), 0))
             self._full.pop(request.holder_id, None)
