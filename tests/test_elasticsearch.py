@@ -11,12 +11,8 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_esdlock import LockBackendUnavailable, lock_tree
-from django_esdlock.backends.elasticsearch import (
-    MAPPING,
-    PROPERTIES_OF_VERSION_1,
-    PROPERTIES_OF_VERSION_2,
-    ElasticsearchLockBackend,
-)
+from django_esdlock.backends.elasticsearch import ElasticsearchLockBackend
+from django_esdlock.backends.elasticsearch.index import MAPPING, PROPERTIES_OF_VERSION_1, PROPERTIES_OF_VERSION_2
 from django_esdlock.conf import load_backend
 from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, WaitState

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from django_esdlock.backends.elasticsearch import TOKEN_TERM_SHIFT
+from django_esdlock.backends.elasticsearch.answers import TOKEN_TERM_SHIFT
 from django_esdlock.checker.failover import start_cluster_restart
 from django_esdlock.conf import load_backend
 from django_esdlock.exceptions import LockBackendUnavailable, LockLost, LockUnavailable

@@ -5,13 +5,11 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from django_esdlock.backends.elasticsearch import (
-    UNDER_REPLICATED,
-    ElasticsearchLockBackend,
-    _copies,
-    _under_replicated,
-    index_of_namespace,
-)
+from django_esdlock.backends.elasticsearch import ElasticsearchLockBackend
+from django_esdlock.backends.elasticsearch.answers import UNDER_REPLICATED
+from django_esdlock.backends.elasticsearch.answers import under_replicated as _under_replicated
+from django_esdlock.backends.elasticsearch.index import copies_of as _copies
+from django_esdlock.backends.elasticsearch.options import index_of_namespace
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from django_esdlock.backends.elasticsearch import STALE_MARGIN_S
+from django_esdlock.backends.elasticsearch.maintenance import STALE_MARGIN_S
 from django_esdlock.modes import Mode
 from django_esdlock.reaper import Reaper
 from django_esdlock.records import Kind, LockRequest, Node, Owner

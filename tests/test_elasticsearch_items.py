@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from django_esdlock.backends.elasticsearch import TOKEN_TERM_SHIFT, read_acquire_items
+from django_esdlock.backends.elasticsearch.answers import TOKEN_TERM_SHIFT, read_acquire_items
 from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from django_esdlock.backends.elasticsearch import RELEASE_TOMBSTONES_KEPT
+from django_esdlock.backends.elasticsearch.protocol import RELEASE_TOMBSTONES_KEPT
 from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 

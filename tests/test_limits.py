@@ -15,7 +15,7 @@ from django.core import checks
 from django.test import override_settings
 
 from django_esdlock import InvalidLockArgument, LockUnavailable, alock_tree, lock_documents, lock_tree
-from django_esdlock.backends.elasticsearch import NESTED_OBJECTS_LIMIT
+from django_esdlock.backends.elasticsearch.options import NESTED_OBJECTS_LIMIT
 from django_esdlock.conf import load_backend
 from django_esdlock.exceptions import InvalidLockBackend, LockBackendUnavailable
 from django_esdlock.limits import DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_INTENT_BYTES, json_size

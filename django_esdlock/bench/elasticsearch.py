@@ -11,7 +11,7 @@ from typing import Any
 
 from elasticsearch import helpers
 
-from ..backends.elasticsearch import INDEX_SETTINGS
+from ..backends.elasticsearch.index import INDEX_SETTINGS
 from ..paths import ancestors
 from .common import ratio_at_least, tree_path
 from .kit import Baseline, RequestCount, StoreKit, bench_owner, fill_nodes

@@ -20,4 +20,4 @@ if os.environ.get("DJANGO_SETTINGS_MODULE"):
     with contextlib.suppress(ImportError):
         import django_esdlock.backends.database
     with contextlib.suppress(ImportError):
-        import django_esdlock.backends.elasticsearch  # noqa: F401
+        import django_esdlock.backends.elasticsearch.backend  # noqa: F401

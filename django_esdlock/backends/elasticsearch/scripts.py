@@ -1,7 +1,8 @@
 """The Painless scripts of the Elasticsearch backend, and what each guarantees.
 
 Rules every script here keeps, so that it compiles and behaves the same on a
-real Elasticsearch 8/9 cluster and on the noida-db test server:
+real Elasticsearch cluster (7.0, the suite's genuine node, to 9) and on the
+noida-db test server:
 
 - every value comes through ``params``; user data is never formatted into a
   source, so each script compiles once and is cached;

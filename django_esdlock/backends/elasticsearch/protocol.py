@@ -1,0 +1,603 @@
+"""The lock protocol on Elasticsearch: acquire, release, renew, withdraw and the waiting state, as steps.
+
+Each operation is one generator of store calls (:mod:`.transport`), driven
+by :func:`~django_esdlock.steps.drive` for the blocking method and by
+:func:`~django_esdlock.steps.adrive` for its async twin; the Painless
+scripts it sends are in :mod:`.scripts`, and how their answers read in
+:mod:`.answers`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ... import modes, paths
+from ...exceptions import LockBackendUnavailable, LockStoreBusy
+from ...records import Grant, Kind, LockRequest, Node, WaitState
+from ...steps import Steps, adrive, drive
+from ..base import renew_params
+from . import answers, scripts
+from .answers import BUSY_STATUSES, MARKER_OWNER_FIELDS
+from .transport import StoreCall
+
+RETRY_ON_CONFLICT = 10
+"""A real cluster answers 409 to concurrent updates of one node; retry on the shard."""
+
+SOLE_HOLDS_KEPT = 10_000
+"""Holders whose conditional-delete facts (:meth:`Protocol._note_sole`) a backend keeps, at most."""
+
+RELEASE_TOMBSTONE_MS = 60_000
+"""How long a node that outlives a release keeps its tombstone (see :func:`.answers.released_here`): longer than a
+request can be re-executed after it was applied (the write timeout, a new primary, the client's resends)."""
+
+RELEASE_TOMBSTONES_KEPT = 16
+"""Release tombstones one node keeps at most, the newest: a hot shared node is not left to grow."""
+
+MARKER_TTL_RTTS = 8
+"""A waiting marker lasts at least this many acquire answers (see ``_marker_ttl_ms``)."""
+
+RTT_SMOOTHING = 0.2
+"""Weight of the latest acquire's answer time in the smoothed one."""
+
+QUIET_RELEASE_RETRY = 1.0
+"""Seconds an acquire that failed keeps trying to give back what it took; the lease ends the rest."""
+
+SORT = [{"namespace": "asc"}, {"kind": "asc"}, {"key": "asc"}]
+"""The order of lock nodes in every search: a stable order for pages."""
+
+
+def marker_fields(request: LockRequest) -> dict[str, Any]:
+    """Return the owner fields a waiting marker of ``request`` records, flat (see ACQUIRE)."""
+    owner = request.owner.as_dict()
+    fields = {name: owner[name] for name in MARKER_OWNER_FIELDS}
+    if request.holds_others:
+        fields["owner"] = request.owner.key
+    return fields
+
+
+def holder_entry(holder: Mapping[str, Any], mode: modes.Mode, request: LockRequest) -> dict[str, Any]:
+    """Return the holder entry a request writes on a node it takes in ``mode``: the intent on its main node only.
+
+    Its other nodes (the IS/IX ancestors of a tree lock) carry ``has_intent``
+    (in ``holder``) instead: they are shared, and every other holder's write
+    there rewrites every entry.
+    """
+    entry = {**holder, "mode": mode.value}
+    if request.intent is not None and modes.is_grant(mode):
+        entry["intent"] = request.intent
+    return entry
+
+
+def node_fields(node: Node) -> dict[str, Any]:
+    """Return the source fields that name ``node``."""
+    tree = node.kind is Kind.TREE
+    return {
+        "namespace": node.namespace,
+        "kind": node.kind.value,
+        "key": node.key,
+        "parent": paths.parent(node.key) if tree else None,
+        "depth": node.key.count("/") if tree else 0,
+    }
+
+
+def _renewed_or_busy(outcomes: Sequence[tuple[bool | None, str]]) -> bool:
+    """The outcome of renewing one grant: raise LockStoreBusy if the store turned it away for now."""
+    ((renewed, busy),) = outcomes
+    if renewed is None:
+        raise LockStoreBusy(f"Elasticsearch was too busy to renew: {busy}")
+    return renewed
+
+
+def delete_unchanged(index: str, node_id: str, seq_no: int, primary_term: int) -> dict[str, Any]:
+    """Return the ``_bulk`` line deleting a node only if its last write is still the one at ``seq_no``."""
+    return {"delete": {"_index": index, "_id": node_id, "if_seq_no": seq_no, "if_primary_term": primary_term}}
+
+
+class Protocol:
+    """The lock operations of an :class:`~django_esdlock.backends.elasticsearch.ElasticsearchLockBackend`.
+
+    A mixin of the backend: it writes through :class:`~.transport.Transport`'s
+    ``_bulk`` and keeps what this process learnt of its own writes (nodes it
+    alone holds, nodes that exist, where a waiting request stands).
+    """
+
+    def _init_protocol(self) -> None:
+        self._sole: dict[str, dict[str, tuple[int, int, str]]] = {}
+        """holder id -> node id -> (seq_no, primary_term, concrete index) of our last write, where it left that
+        holder alone."""
+        self._existing: dict[str, None] = {}
+        """Ids of nodes lately found existing, oldest first (a hint: a wrong one costs a round trip)."""
+        self._blocked: dict[str, tuple[frozenset[str], int]] = {}
+        """holder id of a waiting request -> ids of the nodes that refused its last attempt, and its queue place."""
+        self._acquire_rtt = 0.0
+        """Seconds an acquire takes to answer, smoothed: a waiting marker outlasts a few of them."""
+        self._full: dict[str, list[tuple[Node, int]]] = {}
+        """holder id -> the nodes that refused its last attempt for keeping max_holders_per_node holders."""
+
+    def _scripted(
+        self, node: Node, source: str, params: dict[str, Any], *, fields: list[str] | None = None, **body: Any
+    ) -> list[dict[str, Any]]:
+        """Return the two ``_bulk`` lines of a scripted update of one node, retried on conflict.
+
+        ``fields`` asks for those source fields back; ``body`` adds to the
+        update (``scripted_upsert``, ``upsert``).
+        """
+        index = self.index_of(node.namespace)
+        header: dict[str, Any] = {"_index": index, "_id": node.id, "retry_on_conflict": RETRY_ON_CONFLICT}
+        if fields:
+            # An object, never a list: a bulk action line takes no arrays (400 for the whole bulk).
+            header["_source"] = {"includes": fields}
+        script = {"source": scripts.compact(source), "lang": "painless", "params": params}
+        return [{"update": header}, {"script": script, **body}]
+
+    # --- the primitive ------------------------------------------------------
+
+    def acquire(self, request: LockRequest) -> Grant | None:
+        return drive(self._acquire_steps(request), self.perform)
+
+    async def aacquire(self, request: LockRequest) -> Grant | None:
+        return await adrive(self._acquire_steps(request), self.aperform)
+
+    def _acquire_steps(self, request: LockRequest) -> Steps[Grant | None]:
+        """Create the nodes that do not exist (CREATE), then take the others (ACQUIRE), all or nothing.
+
+        Uncontended, every node is fresh and the first ``_bulk`` is the only
+        one; its short script is what makes it cheap. A node CREATE finds
+        existing (a no-op) goes to ACQUIRE in a second ``_bulk``; nodes this
+        backend lately found existing (shared ancestors, contended leaves) go
+        to ACQUIRE in the first. A waiting request tries the nodes that refused
+        it last time on their own first: while they still refuse, a poll
+        writes nothing (its markers are fresh) and takes no ancestor it would
+        only give back.
+        """
+        yield from self._ensure_index_steps()
+        holder: dict[str, Any] = {"id": request.holder_id, "owner": request.owner.as_dict()}
+        if request.intent is not None:
+            holder["has_intent"] = True  # the intent itself goes to the main node alone (see holder_entry)
+        with self._sole_lock:
+            blocked, _ = self._blocked.pop(request.holder_id, ((), 0))
+            self._full.pop(request.holder_id, None)
+        probe = [t for t in request.targets if t[0].id in blocked]
+        outcome = answers.AcquireOutcome([], [], [], 0)
+        sent = time.monotonic()
+        try:
+            if probe:
+                items = yield from self._bulk_steps(self._acquire_items(probe, holder, request), "acquire", retry_for=0)
+                outcome = answers.read_acquire_items(request, items, probe, max_holders=self.max_holders_per_node)
+            if not (outcome.refused or outcome.errors or outcome.busy):
+                rest = [t for t in request.targets if t not in probe]
+                outcome = answers.merge(outcome, (yield from self._take_steps(rest, holder, request)))
+        except LockBackendUnavailable:
+            # A bulk may have been applied in part: give back whatever it took.
+            nodes = [n for n, _ in request.targets]
+            yield from self._release_steps(request.holder_id, request.owner.key, nodes, quiet=True)
+            raise
+        took = time.monotonic() - sent
+        self._acquire_rtt = (
+            took if not self._acquire_rtt else self._acquire_rtt + (took - self._acquire_rtt) * RTT_SMOOTHING
+        )
+        if outcome.errors or outcome.refused or outcome.busy:
+            failed = bool(outcome.errors or outcome.busy)
+            # A busy item may have been written all the same (to too few shard copies): give back every node.
+            given_back = [n for n, _ in request.targets] if outcome.busy else outcome.taken
+            yield from self._release_steps(request.holder_id, request.owner.key, given_back, quiet=failed)
+            if outcome.errors:
+                raise LockBackendUnavailable(f"Elasticsearch refused the acquire: {'; '.join(outcome.errors)}")
+            if not outcome.refused:
+                raise LockStoreBusy(f"Elasticsearch was too busy to acquire: {'; '.join(outcome.busy)}")
+            if request.ticket is not None:
+                self._note_blocked(request.holder_id, outcome.refused, outcome.ahead)
+            if outcome.full:
+                self._note_full(request.holder_id, outcome.full)
+            return None
+        return Grant(request=request, token=outcome.token, taken=tuple(outcome.taken))
+
+    def _take_steps(
+        self, targets: Sequence[tuple[Node, modes.Mode]], holder: dict[str, Any], request: LockRequest
+    ) -> Steps[answers.AcquireOutcome]:
+        """Take ``targets``: CREATE where the node may be new, ACQUIRE where it exists; stop at the first refusal."""
+        with self._sole_lock:
+            known = [t for t in targets if t[0].id in self._existing]
+        fresh = [t for t in targets if t not in known]
+        operations = [op for node, mode in fresh for op in self._create_item(node, mode, holder, request)]
+        operations += self._acquire_items(known, holder, request)
+        items = yield from self._bulk_steps(operations, "acquire", retry_for=0)
+        fresh_items, known_items = items[: len(fresh)], items[len(fresh) :]
+        existing = [t for t, i in zip(fresh, fresh_items, strict=True) if answers.result(i) == "noop"]
+        created = [(t, i) for t, i in zip(fresh, fresh_items, strict=True) if answers.result(i) != "noop"]
+        self._note_sole(request.holder_id, [(node, item) for (node, _), item in created])
+        self._note_existing(
+            [n for n, _ in existing],
+            [n for (n, _), i in zip(known, known_items, strict=True) if answers.result(i) == "created"],
+        )
+        read = created + list(zip(known, known_items, strict=True))
+        outcome = answers.read_acquire_items(
+            request, [i for _, i in read], [t for t, _ in read], max_holders=self.max_holders_per_node
+        )
+        if existing and not (outcome.refused or outcome.errors or outcome.busy):
+            items = yield from self._bulk_steps(self._acquire_items(existing, holder, request), "acquire", retry_for=0)
+            outcome = answers.merge(
+                outcome, answers.read_acquire_items(request, items, existing, max_holders=self.max_holders_per_node)
+            )
+        elif existing:
+            outcome.refused.extend(node for node, _ in existing)  # not tried: the request failed already
+        return outcome
+
+    def _acquire_items(
+        self, batch: Sequence[tuple[Node, modes.Mode]], holder: dict[str, Any], request: LockRequest
+    ) -> list[dict[str, Any]]:
+        """Return the ``_bulk`` lines of ACQUIRE for ``batch``, asking for the holders back where they are read."""
+        fields = ["lock_count"]  # a refusal by a full node is told apart (see refusal_reason)
+        if request.reentrant or request.ticket is not None:  # its holder or marker (see read_acquire_items)
+            fields += ["holders.id", "waiters.id"]
+        if request.ticket is not None:  # its place in the queues (see queued_poll_interval)
+            fields += ["waiters.ticket", "waiters.mode"]
+        return [
+            op
+            for node, mode in batch
+            for op in self._scripted(
+                node,
+                scripts.ACQUIRE,
+                self._acquire_params(node, mode, holder, request),
+                fields=fields,
+                scripted_upsert=True,
+                upsert={},
+            )
+        ]
+
+    def _create_item(
+        self, node: Node, mode: modes.Mode, holder: dict[str, Any], request: LockRequest
+    ) -> list[dict[str, Any]]:
+        """Return the bulk lines of CREATE: the new node's whole source, but the lease, comes from here."""
+        fresh = {
+            **node_fields(node),
+            "lock_type": "exclusive" if mode is modes.Mode.X else "shared",
+            "lock_count": 1,
+            "modes": [mode.value],
+        }
+        params = {"holder": holder_entry(holder, mode, request), "ttl_ms": request.ttl_ms, "fresh": fresh}
+        fields = ["holders.id"] if request.ticket is not None else None
+        return self._scripted(node, scripts.CREATE, params, fields=fields, scripted_upsert=True, upsert={})
+
+    def _acquire_params(
+        self, node: Node, mode: modes.Mode, holder: dict[str, Any], request: LockRequest
+    ) -> dict[str, Any]:
+        params = {
+            "holder": holder_entry(holder, mode, request),
+            "conflicts": sorted(m.value for m in modes.conflicting(mode)),
+            "reentrant": request.may_reenter(node),
+            "ticket": request.ticket,
+            "marker_ttl_ms": self._marker_ttl_ms(),
+            "ttl_ms": request.ttl_ms,
+            "node": node_fields(node),
+            "max_holders": self.max_holders_per_node,
+        }
+        if request.ticket is not None:  # only a request that may wait leaves a marker
+            params["waiter"] = marker_fields(request)
+        return params
+
+    # --- conditional deletes ----------------------------------------------------
+
+    def _note_sole(self, holder_id: str, written: Sequence[tuple[Node, Mapping[str, Any]]]) -> None:
+        """Remember the nodes ``holder_id`` just created: it is their only holder, as of that write.
+
+        Release then deletes such a node outright, conditional on its
+        ``_seq_no`` (no script runs); any later write to the node makes the
+        delete fail with 409, and the scripted release takes over.
+        """
+        versions = {}
+        for node, item in written:
+            body = next(iter(item.values()))
+            if body.get("result") == "created":
+                versions[node.id] = (body["_seq_no"], body["_primary_term"], body["_index"])
+        if not versions:
+            return
+        with self._sole_lock:
+            self._sole.setdefault(holder_id, {}).update(versions)
+            while len(self._sole) > SOLE_HOLDS_KEPT:
+                del self._sole[next(iter(self._sole))]  # the oldest: it is only a shortcut
+
+    def _renewed_sole(self, holder_id: str, nodes: Sequence[Node], items: Sequence[Mapping[str, Any]]) -> None:
+        """Move the conditional-delete facts of ``holder_id`` to its renewal's writes, where still alone."""
+        with self._sole_lock:
+            versions = self._sole.get(holder_id)
+            if versions is None:
+                return
+            for node, item in zip(nodes, items, strict=True):
+                body = item["update"]
+                source = body.get("get", {}).get("_source") or {}
+                holder_ids = [h.get("id") for h in source.get("holders") or ()]
+                if body.get("result") == "updated" and holder_ids == [holder_id] and not answers.markers(source):
+                    versions[node.id] = (body["_seq_no"], body["_primary_term"], body["_index"])
+                else:
+                    versions.pop(node.id, None)
+
+    def _note_existing(self, found: Sequence[Node], gone: Sequence[Node]) -> None:
+        """Remember which nodes exist (found) or not (gone, deleted): only which script acquire sends first."""
+        if not found and not gone:
+            return
+        with self._sole_lock:
+            for node in gone:
+                self._existing.pop(node.id, None)
+            for node in found:
+                self._existing[node.id] = None
+            while len(self._existing) > SOLE_HOLDS_KEPT:
+                del self._existing[next(iter(self._existing))]
+
+    def _note_blocked(self, holder_id: str, refused: Sequence[Node], ahead: int) -> None:
+        """Remember what refused a waiting request (its next attempt tries those nodes first, alone) and its place."""
+        with self._sole_lock:
+            self._blocked[holder_id] = (frozenset(node.id for node in refused), ahead)
+            while len(self._blocked) > SOLE_HOLDS_KEPT:
+                del self._blocked[next(iter(self._blocked))]
+
+    def _note_full(self, holder_id: str, full: list[tuple[Node, int]]) -> None:
+        with self._sole_lock:
+            self._full[holder_id] = full
+            while len(self._full) > SOLE_HOLDS_KEPT:
+                del self._full[next(iter(self._full))]
+
+    def refusal_reason(self, request: LockRequest) -> str | None:
+        with self._sole_lock:
+            full = self._full.pop(request.holder_id, None)
+        if not full:
+            return None
+        node, count = full[0]
+        return (
+            f"was refused by {node}: it keeps {count:,} holders, the most one lock node may keep "
+            f"(OPTIONS['max_holders_per_node'] is {self.max_holders_per_node:,}); it takes more as holders leave"
+        )
+
+    def queued_poll_interval(self, request: LockRequest) -> float:
+        """The head of a queue polls every ``queued_poll_cap``; each request before this one doubles its pause."""
+        with self._sole_lock:
+            _, ahead = self._blocked.get(request.holder_id, ((), 0))
+        return min(self._marker_ttl_ms() / 3000, self.queued_poll_cap * 2 ** min(ahead, 16))
+
+    def _marker_ttl_ms(self) -> int:
+        """The lease of a waiting marker: :attr:`marker_ttl`, or longer while the store is slow to answer.
+
+        A poll renews its marker once half of it is gone (see ACQUIRE): with a
+        lease of a few answers, a store that answers slowly is not polled with
+        a write each time (the writes of a busy node's markers would slow it
+        further, until every poll writes).
+        """
+        return max(self.marker_ttl_ms, round(MARKER_TTL_RTTS * self._acquire_rtt * 1000))
+
+    def _forget_sole(self, holder_id: str) -> dict[str, tuple[int, int]]:
+        """Return the conditional-delete facts of ``holder_id`` that are of the current incarnations, and forget all.
+
+        A ``_seq_no`` means nothing in another concrete index: the numbers start over.
+        """
+        with self._sole_lock:
+            facts = self._sole.pop(holder_id, {})
+            current = set(self._current.values())
+        return {node_id: (seq_no, term) for node_id, (seq_no, term, index) in facts.items() if index in current}
+
+    def withdraw(self, request: LockRequest) -> None:
+        drive(self._withdraw_steps(request), self.perform)
+
+    async def awithdraw(self, request: LockRequest) -> None:
+        await adrive(self._withdraw_steps(request), self.aperform)
+
+    def _withdraw_steps(self, request: LockRequest) -> Steps[None]:
+        with self._sole_lock:
+            self._blocked.pop(request.holder_id, None)
+            self._full.pop(request.holder_id, None)
+        params = {"holder_id": request.holder_id}
+        operations = [op for node, _ in request.targets for op in self._scripted(node, scripts.WITHDRAW, params)]
+        yield from self._bulk_steps(operations, "withdraw waiting markers")
+
+    def release(self, grant: Grant) -> bool:
+        return drive(self._release_steps(grant.request.holder_id, grant.request.owner.key, grant.taken), self.perform)
+
+    async def arelease(self, grant: Grant) -> bool:
+        return await adrive(
+            self._release_steps(grant.request.holder_id, grant.request.owner.key, grant.taken), self.aperform
+        )
+
+    def _release_steps(
+        self, holder_id: str, owner_key: str | None, nodes: Sequence[Node], *, quiet: bool = False
+    ) -> Steps[bool]:
+        """Remove ``holder_id`` (of ``owner_key``, or anyone's) from ``nodes``; True if it was on all.
+
+        A node this holder created and that nobody wrote since is deleted
+        outright (if ``_seq_no`` still matches); the others, and any such
+        delete that fails, go through the RELEASE script. A release resent
+        after a lost answer (:meth:`_call_steps`) may find the holder gone by
+        its own first send: then a missing holder does not count as lost.
+        """
+        sole = self._forget_sole(holder_id)
+        if not nodes:
+            return True
+        # Quiet, the caller is failing already: a short try, and the lease ends what it leaves.
+        retry_for = QUIET_RELEASE_RETRY if quiet else None
+        params = {
+            "holder_id": holder_id,
+            "owner_key": owner_key,
+            "tombstone_ms": RELEASE_TOMBSTONE_MS,
+            "tombstones_kept": RELEASE_TOMBSTONES_KEPT,
+        }
+        operations: list[dict[str, Any]] = []
+        for node in nodes:
+            if node.id in sole:
+                operations.append(delete_unchanged(self.index_of(node.namespace), node.id, *sole[node.id]))
+            else:
+                operations += self._scripted(node, scripts.RELEASE, params)
+        resent: list[bool] = []
+        try:
+            items = yield from self._bulk_steps(operations, "release", retry_for=retry_for, resent=resent)
+            changed = [
+                node
+                for node, item in zip(nodes, items, strict=True)
+                if "delete" in item and answers.result(item) != "deleted"
+            ]
+            scripted = [(node, item) for node, item in zip(nodes, items, strict=True) if "update" in item]
+            if changed:
+                operations = [op for node in changed for op in self._scripted(node, scripts.RELEASE, params)]
+                again = yield from self._bulk_steps(operations, "release", retry_for=retry_for, resent=resent)
+                scripted += zip(changed, again, strict=True)
+        except LockBackendUnavailable:
+            if quiet:
+                return False  # the lease will end it; the caller is already failing
+            raise
+        deleted = [node for node, item in zip(nodes, items, strict=True) if answers.result(item) == "deleted"]
+        self._note_existing([], deleted + [node for node, item in scripted if answers.result(item) == "deleted"])
+        all_there = True
+        failures = []
+        noops = []
+        for node, item in scripted:
+            body = item["update"]
+            if body.get("result") in ("updated", "deleted"):
+                continue
+            if body.get("status") not in (None, 200, 404):
+                failures.append(f"{node}: {body.get('error')}")
+                all_there = False
+            elif resent:
+                continue  # our own first send may have done it
+            elif body.get("result") == "noop":
+                noops.append(node)  # holder not here: released by us already (a replay), or lost
+            else:
+                all_there = False  # node gone (404): undecidable, see _released_steps
+        if failures and not quiet:
+            raise LockBackendUnavailable(f"Elasticsearch failed to release: {'; '.join(failures)}")
+        if noops and all_there:
+            all_there = yield from self._released_steps(holder_id, owner_key, noops)
+        return all_there
+
+    def _released_steps(self, holder_id: str, owner_key: str | None, nodes: Sequence[Node]) -> Steps[bool]:
+        """Return True if each of ``nodes`` keeps the tombstone of ``holder_id``'s release by ``owner_key``.
+
+        Elasticsearch re-executes a write on the new primary when the old one
+        failed before answering, even if it had applied and replicated the
+        write: a release replayed so finds its holder gone (a no-op). The
+        tombstone RELEASE leaves on a node that stays tells that replay from a
+        lock lost to an eviction, a take-over or a forced release. A node the
+        first execution deleted (its last holder and marker gone) keeps no
+        tombstone: a replay that finds it gone (404) is reported lost, as is a
+        lost lock.
+        """
+        docs = [{"_index": self.index_of(node.namespace), "_id": node.id} for node in nodes]
+        try:
+            answer = yield from self._call_steps("read released lock nodes", StoreCall("mget", {"docs": docs}))
+        except LockBackendUnavailable:
+            return False  # unproven: reported lost
+        return all(
+            doc.get("found") and answers.released_here(doc.get("_source") or {}, holder_id, owner_key)
+            for doc in answer["docs"]
+        )
+
+    def renew(
+        self,
+        grant: Grant,
+        *,
+        checkpoint: dict[str, Any] | None = None,
+        recovery: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> bool:
+        return _renewed_or_busy(drive(self._renew_steps([grant], checkpoint, recovery, timeout), self.perform))
+
+    async def arenew(
+        self,
+        grant: Grant,
+        *,
+        checkpoint: dict[str, Any] | None = None,
+        recovery: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> bool:
+        return _renewed_or_busy(await adrive(self._renew_steps([grant], checkpoint, recovery, timeout), self.aperform))
+
+    def renew_many(self, grants: Sequence[Grant], *, timeout: float | None = None) -> list[bool | None]:
+        return [renewed for renewed, _ in drive(self._renew_steps(grants, None, None, timeout), self.perform)]
+
+    def _renew_items(
+        self, grant: Grant, checkpoint: dict[str, Any] | None, recovery: dict[str, Any] | None
+    ) -> list[dict[str, Any]]:
+        """Return the ``_bulk`` lines of RENEW for ``grant``: the checkpoint to its main node(s) alone."""
+        params = renew_params(grant, checkpoint, recovery)
+        others = {**params, "checkpoint": None}  # the shared ancestors stay small
+        asked = dict(grant.request.targets)
+        fields = ["holders.id", "waiters.id", "waiters.released"]
+        return [
+            op
+            for node in grant.taken
+            for op in self._scripted(
+                node, scripts.RENEW, params if modes.is_grant(asked[node]) else others, fields=fields
+            )
+        ]
+
+    def _renew_steps(
+        self,
+        grants: Sequence[Grant],
+        checkpoint: dict[str, Any] | None,
+        recovery: dict[str, Any] | None,
+        timeout: float | None,
+    ) -> Steps[list[tuple[bool | None, str]]]:
+        """Renew ``grants`` in one ``_bulk``; return per grant True, False (lost) or None (busy), and why busy."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        operations = [op for grant in grants for op in self._renew_items(grant, checkpoint, recovery)]
+        if not operations:
+            return [(True, "")] * len(grants)
+        # Retried by the renewer within the lease, not here.
+        items = yield from self._bulk_steps(operations, "renew", retry_for=0, deadline=deadline)
+        outcomes: list[tuple[bool | None, str]] = []
+        start = 0
+        for grant in grants:
+            mine, start = items[start : start + len(grant.taken)], start + len(grant.taken)
+            self._renewed_sole(grant.request.holder_id, grant.taken, mine)
+            transient = [i["update"] for i in mine if i["update"].get("status") in BUSY_STATUSES | {409}]
+            if transient:
+                outcomes.append((None, str(transient[0].get("error"))))
+            else:
+                outcomes.append((all(item["update"].get("result") == "updated" for item in mine), ""))
+        return outcomes
+
+    def wait_state(self, nodes: Sequence[Node] | None = None) -> WaitState:
+        return drive(self._wait_state_steps(nodes), self.perform)
+
+    async def await_state(self, nodes: Sequence[Node] | None = None) -> WaitState:
+        return await adrive(self._wait_state_steps(nodes), self.aperform)
+
+    def _wait_state_steps(self, nodes: Sequence[Node] | None) -> Steps[WaitState]:
+        """Read nodes with live markers (a search after a refresh), or ``nodes`` as they are now (a realtime mget).
+
+        Liveness is judged against the clock of the node that answers a
+        ``_nodes/_local/stats`` read just before: a store clock, as the
+        listing's ``now``. Reads only: a missing lock index is no waiting.
+        """
+        stats = StoreCall("nodes.stats", {"node_id": "_local", "metric": "process", "filter_path": "nodes.*.timestamp"})
+        now_ms = next(iter((yield from self._call_steps("read the store's clock", stats))["nodes"].values()))[
+            "timestamp"
+        ]
+        sources: list[Mapping[str, Any]] = []
+        if nodes is None:
+            indices = ",".join(self.lock_indices)
+            refresh = StoreCall("indices.refresh", {"index": indices, "ignore_unavailable": True})
+            yield from self._call_steps("refresh the lock index", refresh)
+            body: dict[str, Any] = {
+                "query": {"range": {"waiting_until": {"gt": now_ms}}},
+                "sort": SORT,
+                "size": self.page_size,
+                "_source": ["namespace", "kind", "key", "holders", "waiters"],
+                "track_total_hits": False,
+            }
+            while True:
+                search = StoreCall("search", {"index": indices, "ignore_unavailable": True, **body})
+                hits = (yield from self._call_steps("find waiting requests", search))["hits"]["hits"]
+                sources.extend(hit["_source"] for hit in hits)
+                if len(hits) < self.page_size:
+                    break
+                body["search_after"] = hits[-1]["sort"]
+        else:
+            by_index: dict[str, list[str]] = {}
+            for node in nodes:
+                by_index.setdefault(self.index_of(node.namespace), []).append(node.id)
+            for index, ids in sorted(by_index.items()):
+                mget = StoreCall(
+                    "mget", {"index": index, "ids": sorted(set(ids)), "realtime": True}, options={"ignore_status": 404}
+                )
+                docs = (yield from self._call_steps("read waiting requests", mget)).get("docs", ())
+                sources.extend(doc["_source"] for doc in docs if doc.get("found"))
+        return answers.wait_state_of(sources, now_ms)
