@@ -7,6 +7,7 @@ import urllib.parse
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
@@ -26,8 +27,12 @@ DEFAULT_DEADLOCK_TIMEOUT = 1.0
 """Seconds a waiting request waits before it looks for a deadlock (PostgreSQL's default ``deadlock_timeout``)."""
 
 _ALLOWED_KEYS = frozenset({"BACKEND", "OPTIONS", "TTL", "DEADLOCK_TIMEOUT", *Limits.SETTINGS})
-_ES_SCHEMES = {"elasticsearch": "http", "es": "http", "elasticsearch+http": "http", "elasticsearch+https": "https"}
-_DB_SCHEMES = frozenset({"postgres", "postgresql", "pgsql", "psql", "postgis", "sqlite"})
+
+BACKENDS = (DATABASE_BACKEND, ELASTICSEARCH_BACKEND)
+"""The stores a ``LOCK_BACKEND`` URL may name: each answers to the schemes its class declares (``url_schemes``)."""
+
+_LOCK_SETTINGS = ("ttl", "deadlock_timeout", *(key.lower() for key in Limits.SETTINGS))
+"""Query parameters of a ``LOCK_BACKEND`` URL that are the lock settings' own, not the store's."""
 
 
 def validate_ttl(value: Any, what: str = "TTL") -> float:
@@ -37,49 +42,49 @@ def validate_ttl(value: Any, what: str = "TTL") -> float:
     return float(value)
 
 
+def _backend_of(scheme: str, url: str) -> tuple[str, type]:
+    """Return the dotted path and class of the store of ``BACKENDS`` that answers to ``scheme``."""
+    known: list[str] = []
+    missing: list[str] = []
+    for path in BACKENDS:
+        try:
+            cls = import_string(path)
+        except (ImportError, ImproperlyConfigured) as e:  # an optional extra not installed
+            missing.append(f"{path.rpartition('.')[2]}: {e}")
+            continue
+        if scheme in cls.url_schemes:
+            return path, cls
+        known.extend(sorted(cls.url_schemes))
+    unavailable = f"; not available: {'; '.join(missing)}" if missing else ""
+    raise InvalidLockBackend(f"LOCK_BACKEND URL scheme {scheme!r} is not one of {known}{unavailable}: {url!r}")
+
+
 def parse_url(url: str) -> dict[str, Any]:
-    """Turn ``elasticsearch://host:9200/locks`` or a database URL into a backend config."""
+    """Turn ``elasticsearch://host:9200/locks`` or a database URL into a backend config.
+
+    The lock settings' own query parameters (``ttl``, ``deadlock_timeout``,
+    ``max_...``) are read here; the rest of the URL is the store's, whose
+    class reads it (``options_from_url``).
+    """
     add_secrets(*url_secrets(url))
     parts = urllib.parse.urlsplit(url)
-    query = dict(urllib.parse.parse_qsl(parts.query))
-    config: dict[str, Any] = {"TTL": query.pop("ttl", DEFAULT_TTL)}
-    if "deadlock_timeout" in query:
-        config["DEADLOCK_TIMEOUT"] = query.pop("deadlock_timeout")
+    path, cls = _backend_of(parts.scheme, url)
+    query = urllib.parse.parse_qsl(parts.query)
+    ours = dict(pair for pair in query if pair[0] in _LOCK_SETTINGS)
+    config: dict[str, Any] = {"TTL": ours.pop("ttl", DEFAULT_TTL)}
+    if "deadlock_timeout" in ours:
+        config["DEADLOCK_TIMEOUT"] = ours.pop("deadlock_timeout")
     for key in Limits.SETTINGS:
-        if key.lower() in query:
+        if key.lower() in ours:
             try:
-                config[key] = int(query.pop(key.lower()))
+                config[key] = int(ours.pop(key.lower()))
             except ValueError as e:
                 raise InvalidLockBackend(f"LOCK_BACKEND URL has a {key.lower()} that is not an int: {url!r}") from e
-    if parts.scheme in _ES_SCHEMES:
-        if not parts.hostname:
-            raise InvalidLockBackend(f"LOCK_BACKEND URL names no host: {url!r}")
-        netloc = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
-        if ":" in parts.hostname:
-            netloc = f"[{parts.hostname}]" + (f":{parts.port}" if parts.port else "")
-        options: dict[str, Any] = {"hosts": [f"{_ES_SCHEMES[parts.scheme]}://{netloc}"]}
-        index = parts.path.strip("/")
-        if index:
-            options["index"] = index
-        if parts.username:
-            options["basic_auth"] = (urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or ""))
-        options.update(query)
-        config.update(BACKEND=ELASTICSEARCH_BACKEND, OPTIONS=options)
-    elif parts.scheme in _DB_SCHEMES:
-        # ttl is ours; every other query parameter belongs to the database URL. (Cut the
-        # query by hand: urlunsplit would turn sqlite:////abs/path into sqlite://abs/path.)
-        base = url.split("?", 1)[0]
-        ours = ("ttl", "deadlock_timeout", "token_floor", *(key.lower() for key in Limits.SETTINGS))
-        rest = urllib.parse.urlencode([(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k not in ours])
-        db_options: dict[str, Any] = {"url": f"{base}?{rest}" if rest else base}
-        if "token_floor" in query:
-            db_options["token_floor"] = query["token_floor"]
-        config.update(BACKEND=DATABASE_BACKEND, OPTIONS=db_options)
-    else:
-        raise InvalidLockBackend(
-            f"LOCK_BACKEND URL scheme {parts.scheme!r} is not one of "
-            f"{sorted(_ES_SCHEMES) + sorted(_DB_SCHEMES)}: {url!r}"
-        )
+    # The store's URL, without our parameters. (Cut the query by hand: urlunsplit
+    # would turn sqlite:////abs/path into sqlite://abs/path.)
+    rest = urllib.parse.urlencode([(k, v) for k, v in query if k not in _LOCK_SETTINGS])
+    base = url.split("?", 1)[0]
+    config.update(BACKEND=path, OPTIONS=cls.options_from_url(f"{base}?{rest}" if rest else base))
     if str(config.get("DEADLOCK_TIMEOUT", "")).lower() in ("none", "off"):
         config["DEADLOCK_TIMEOUT"] = None  # ?deadlock_timeout=off: never look
     for key in ("TTL", "DEADLOCK_TIMEOUT"):

@@ -177,32 +177,42 @@ def test_a_lost_holders_late_write_with_a_stale_token_passes_fencing_and_a_new_o
 
 
 def test_the_store_fault_proxies_each_kind_of_endpoint(settings):
+    """The store fault asks each store its endpoints and its options through the proxies (no store contacted)."""
     from django.db import connections
 
-    from django_esdlock.checker.run import _proxy_targets, _through_proxy
+    from django_esdlock.conf import DATABASE_BACKEND, ELASTICSEARCH_BACKEND, load_backend
 
-    es = {"BACKEND": "x", "OPTIONS": {"hosts": ["http://es.example:9201"], "index": "locks"}, "TTL": 30}
-    assert _proxy_targets(es) == ([("es.example", 9201)], "")
-    assert _through_proxy(es, [4000])["OPTIONS"] == {"hosts": ["http://127.0.0.1:4000"], "index": "locks"}
-    assert _proxy_targets({**es, "OPTIONS": {"hosts": ["https://es.example"]}})[0] == []
-    cluster = {**es, "OPTIONS": {"hosts": ["http://es1:9200", "http://es2:9200"]}}  # one proxy per node
-    assert _proxy_targets(cluster) == ([("es1", 9200), ("es2", 9200)], "")
-    assert _through_proxy(cluster, [4000, 4001])["OPTIONS"]["hosts"] == [
+    def endpoints(options):
+        return load_backend({"BACKEND": backend_path(options), "OPTIONS": options}).endpoints()
+
+    def through(options, ports):
+        return load_backend({"BACKEND": backend_path(options), "OPTIONS": options}).options_through(options, ports)
+
+    def backend_path(options):
+        return ELASTICSEARCH_BACKEND if "hosts" in options else DATABASE_BACKEND
+
+    es = {"hosts": ["http://es.example:9201"], "index": "locks"}
+    assert endpoints(es) == ([("es.example", 9201)], "")
+    assert through(es, [4000]) == {"hosts": ["http://127.0.0.1:4000"], "index": "locks"}
+    assert endpoints({"hosts": ["https://es.example"]})[0] == []
+    cluster = {"hosts": ["http://es1:9200", "http://es2:9200"]}  # one proxy per node
+    assert endpoints(cluster) == ([("es1", 9200), ("es2", 9200)], "")
+    assert through(cluster, [4000, 4001])["hosts"] == [
         "http://127.0.0.1:4000",
         "http://127.0.0.1:4001",
     ]
 
-    pg = {"BACKEND": "x", "OPTIONS": {"url": "postgres://u:p@db.example:6543/app?sslmode=disable"}, "TTL": 30}
-    assert _proxy_targets(pg) == ([("db.example", 6543)], "")
-    assert _through_proxy(pg, [4000])["OPTIONS"]["url"] == "postgres://u:p@127.0.0.1:4000/app?sslmode=disable"
+    pg = {"url": "postgres://u:p@db.example:6543/app?sslmode=disable"}
+    assert endpoints(pg) == ([("db.example", 6543)], "")
+    assert through(pg, [4000])["url"] == "postgres://u:p@127.0.0.1:4000/app?sslmode=disable"
 
-    alias = {"BACKEND": "x", "OPTIONS": {"using": "postgres"}, "TTL": 30}
+    alias = {"using": "postgres"}
     db = connections.settings["postgres"]
-    assert _proxy_targets(alias) == ([(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432))], "")
-    url = _through_proxy(alias, [4000])["OPTIONS"]["url"]
+    assert endpoints(alias) == ([(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432))], "")
+    url = through(alias, [4000])["url"]
     assert url.startswith("postgres://") and url.endswith(f"@127.0.0.1:4000/{db['NAME']}")
 
-    targets, why = _proxy_targets({"BACKEND": "x", "OPTIONS": {"url": "sqlite:////tmp/locks.sqlite3"}, "TTL": 30})
+    targets, why = endpoints({"url": "sqlite:////tmp/locks.sqlite3"})
     assert targets == [] and "SQLite" in why
 
 

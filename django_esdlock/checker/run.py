@@ -12,7 +12,6 @@ import signal
 import tempfile
 import threading
 import time
-import urllib.parse
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -49,62 +48,6 @@ START_TIMEOUT = 120.0
 
 
 # --- the store proxy ----------------------------------------------------------
-
-
-def _proxy_targets(config: dict[str, Any]) -> tuple[list[tuple[str, int]], str]:
-    """Return (host, port) of each of the store's TCP endpoints, or [] and why the store fault cannot apply."""
-    options = config["OPTIONS"]
-    if "hosts" in options:
-        hosts = options["hosts"]
-        targets = []
-        for url in hosts if isinstance(hosts, (list, tuple)) else [hosts]:
-            if not isinstance(url, str):
-                return [], "the Elasticsearch hosts are not given as URLs"
-            parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
-            if parts.scheme != "http":
-                return [], "the Elasticsearch URL is https (a proxy on 127.0.0.1 would fail certificate checks)"
-            targets.append((parts.hostname or "127.0.0.1", parts.port or 9200))
-        return targets, ""
-    url = options.get("url")
-    if url is None and "using" in options:
-        from django.db import connections
-
-        settings = connections.settings[options["using"]]
-        if "postgresql" not in settings["ENGINE"]:
-            return [], f"database alias {options['using']!r} is not PostgreSQL (SQLite is a local file)"
-        return [(settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or 5432))], ""
-    if url is None:
-        return [], f"{config['BACKEND']} names no TCP endpoint"
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme == "sqlite":
-        return [], "SQLite is a local file: there is no connection to cut"
-    return [(parts.hostname or "127.0.0.1", parts.port or 5432)], ""
-
-
-def _through_proxy(config: dict[str, Any], ports: list[int]) -> dict[str, Any]:
-    """Return ``config`` with its store endpoints replaced by the proxies' (one per Elasticsearch host)."""
-    options = dict(config["OPTIONS"])
-    port = ports[0]
-    if "hosts" in options:
-        hosts = options["hosts"] if isinstance(options["hosts"], (list, tuple)) else [options["hosts"]]
-        # A host's user info (its credentials, on a network the settings say is trusted) goes along.
-        auths = [urllib.parse.urlsplit(h if "://" in h else f"http://{h}").netloc.rpartition("@")[0] for h in hosts]
-        options["hosts"] = [
-            f"http://{auth + '@' if auth else ''}127.0.0.1:{p}" for auth, p in zip(auths, ports, strict=True)
-        ]
-    elif "url" in options:
-        parts = urllib.parse.urlsplit(options["url"])
-        auth = parts.netloc.rpartition("@")[0]
-        options["url"] = urllib.parse.urlunsplit(parts._replace(netloc=f"{auth + '@' if auth else ''}127.0.0.1:{port}"))
-    else:  # a DATABASES alias: the same database, by URL
-        from django.db import connections
-
-        settings = connections.settings[options.pop("using")]
-        user = urllib.parse.quote(settings.get("USER") or "", safe="")
-        password = urllib.parse.quote(settings.get("PASSWORD") or "", safe="")
-        auth = f"{user}:{password}@" if password else f"{user}@" if user else ""
-        options["url"] = f"postgres://{auth}127.0.0.1:{port}/{urllib.parse.quote(settings['NAME'], safe='')}"
-    return {**config, "OPTIONS": options}
 
 
 def _failover(
@@ -266,12 +209,12 @@ def run_check(
     proxy: Proxies | None = None
     worker_config = config
     if "store" in options.faults:
-        targets, why = _proxy_targets(config)
+        targets, why = backend.endpoints()
         if not targets:
             skipped["store"] = why
         else:
             proxy = Proxies(targets)
-            worker_config = _through_proxy(config, proxy.ports)
+            worker_config = {**config, "OPTIONS": backend.options_through(config["OPTIONS"], proxy.ports)}
     directory = tempfile.mkdtemp(prefix="lock-check-")
     writer = HistoryWriter(Path(directory) / "command.jsonl", "command")
     nemesis_record = functools.partial(writer.record, process="nemesis")
