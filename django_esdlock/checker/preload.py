@@ -12,12 +12,12 @@ if os.environ.get("DJANGO_SETTINGS_MODULE"):
     import django
 
     django.setup()
-    from django_esdlock.checker import workload  # noqa: F401 - the worker's code
-    from django_esdlock.conf import backend_config
+    from django.core.exceptions import ImproperlyConfigured
+    from django.utils.module_loading import import_string
 
-    with contextlib.suppress(ImportError):  # the store's client, when installed
-        __import__(backend_config()["BACKEND"].rpartition(".")[0])
-    with contextlib.suppress(ImportError):
-        import django_esdlock.backends.database
-    with contextlib.suppress(ImportError):
-        import django_esdlock.backends.elasticsearch.backend  # noqa: F401
+    from django_esdlock.checker import workload  # noqa: F401 - the worker's code
+    from django_esdlock.conf import BACKENDS, backend_config
+
+    for path in dict.fromkeys([backend_config()["BACKEND"], *BACKENDS]):
+        with contextlib.suppress(ImportError, ImproperlyConfigured):  # a store's client that is not installed
+            import_string(path)  # the store's class and its client
