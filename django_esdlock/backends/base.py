@@ -36,8 +36,6 @@ class StoreFeatures:
     can_take_over: bool = False
     """:meth:`~BaseLockBackend.take_over`, :meth:`~BaseLockBackend.holder_records` and
     :meth:`~BaseLockBackend.expired_with_intent`: hand-off, recovery of intents, the reaper's takeover."""
-    can_force_release: bool = False
-    """:meth:`~BaseLockBackend.force_release`: the admin's and the reaper's release of another's holder."""
     notifies: bool = False
     """:meth:`~BaseLockBackend.wait_release` wakes on a release instead of sleeping a backoff step."""
     async_native: bool = False

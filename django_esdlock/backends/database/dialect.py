@@ -84,7 +84,6 @@ class Dialect:
         return StoreFeatures(
             can_list_waiting=True,
             can_take_over=True,
-            can_force_release=True,
             notifies=notifies,
             async_native=notifies and self.async_native,
         )

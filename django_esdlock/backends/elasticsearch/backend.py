@@ -69,9 +69,7 @@ class ElasticsearchLockBackend(IndexSetup, Maintenance, Protocol, Transport, Bas
 
     url_schemes: ClassVar[frozenset[str]] = frozenset(URL_SCHEMES)
 
-    features = StoreFeatures(
-        can_list_waiting=True, can_take_over=True, can_force_release=True, async_native=True, fails_over=True
-    )
+    features = StoreFeatures(can_list_waiting=True, can_take_over=True, async_native=True, fails_over=True)
 
     lease_margin: float = 0.5
     """A lease is stamped with ``ctx._now``, a clock each node caches and advances every

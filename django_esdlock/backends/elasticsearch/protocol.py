@@ -253,7 +253,7 @@ class Protocol:
         """Return the bulk lines of CREATE: the new node's whole source, but the lease, comes from here."""
         fresh = {
             **node_fields(node),
-            "lock_type": "exclusive" if mode is modes.Mode.X else "shared",
+            "lock_type": modes.lock_type([mode]),
             "lock_count": 1,
             "modes": [mode.value],
         }
