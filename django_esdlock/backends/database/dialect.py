@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from ...modes import Mode
-from ...records import Grant, LockRequest, Node
+from ...records import Grant, HolderRecord, LockRequest, Node
 from ...steps import Steps, drive
 from ..base import StoreFeatures
 from .statements import on_cursor
@@ -24,9 +24,10 @@ Work = tuple[Any, bool]
 class Dialect:
     """One database's SQL and quirks; the shared backend calls these and never tests the vendor.
 
-    Methods named after a backend operation take a cursor on the lock
-    connection and return ``(value, commit)`` (see :data:`Work`): inside a
-    transaction when :attr:`atomic_calls` is false, in autocommit otherwise.
+    Methods named after a backend operation drive its ``*_steps`` on a
+    cursor of the lock connection and return ``(value, commit)`` (see
+    :data:`Work`): inside a transaction when :attr:`atomic_calls` is false,
+    in autocommit otherwise.
     """
 
     vendor: ClassVar[str]
@@ -119,9 +120,13 @@ class Dialect:
     def prepare(self, wrapper: Any, cursor: Any) -> None:
         """Set up a new connection for lock work."""
 
-    def with_clock(self, cursor: Any, params: dict[str, Any]) -> dict[str, Any]:
+    def with_clock_steps(self, params: dict[str, Any]) -> Steps[dict[str, Any]]:
         """Return ``params`` plus what the listing filters need of the database's clock."""
+        yield from ()  # a database whose filters read its clock themselves: no statement
         return params
+
+    def with_clock(self, cursor: Any, params: dict[str, Any]) -> dict[str, Any]:
+        return drive(self.with_clock_steps(params), on_cursor(cursor))
 
     # --- waking waiters (where supports_notify) --------------------------------
 
@@ -150,29 +155,31 @@ class Dialect:
     def is_missing_schema(self, error: BaseException) -> bool:
         raise NotImplementedError
 
-    # The operations both APIs send, written once as steps (a generator of
-    # Statement steps returning the answer): the blocking methods below drive
-    # them on the cursor; an async-native dialect's loop sessions drive them
-    # on the event loop. A dialect may override the blocking method instead,
-    # if it has no async API.
+    # Every operation is written once as steps (a generator of Statement
+    # steps returning the answer), which the blocking method of the same name
+    # drives on the cursor. The four both APIs send return the answer alone:
+    # a loop session drives them in autocommit, the blocking method commits
+    # unless atomic_calls. The others return a Work: whether to commit is
+    # theirs to say. A dialect without an async API of its own may override a
+    # blocking method to drive steps that say so too (SQLite's acquire).
 
     def acquire_steps(self, request: LockRequest, nodes: list[Node], marker_ttl_ms: int) -> Steps[Grant | None]:
         """Return the grant, or None if a node refuses (leaving waiting markers for a request with a ticket)."""
-        raise NotImplementedError(f"{type(self).__name__} writes acquire as a blocking method")
+        raise NotImplementedError(f"{type(self).__name__} drives acquire from its blocking method alone")
 
     def release_steps(
         self, holder_id: str, owner_key: str | None, released: Sequence[tuple[Node, Mode | None]]
     ) -> Steps[bool]:
         """Remove ``holder_id`` (of ``owner_key``, or anyone's) from the nodes; return whether it was on all."""
-        raise NotImplementedError(f"{type(self).__name__} writes release as a blocking method")
+        raise NotImplementedError
 
     def withdraw_steps(self, request: LockRequest) -> Steps[None]:
         """Remove the waiting markers of ``request``."""
-        raise NotImplementedError(f"{type(self).__name__} writes withdraw as a blocking method")
+        raise NotImplementedError
 
     def renew_steps(self, grant: Grant, checkpoint: str | None, recovery: str | None) -> Steps[bool]:
         """Extend the lease of ``grant`` if it is still this owner's and live; return whether it was."""
-        raise NotImplementedError(f"{type(self).__name__} writes renew as a blocking method")
+        raise NotImplementedError
 
     def acquire(self, cursor: Any, request: LockRequest, nodes: list[Node], marker_ttl_ms: int) -> Work:
         return drive(self.acquire_steps(request, nodes, marker_ttl_ms), on_cursor(cursor)), not self.atomic_calls
@@ -188,28 +195,35 @@ class Dialect:
     def renew(self, cursor: Any, grant: Grant, checkpoint: str | None, recovery: str | None) -> Work:
         return drive(self.renew_steps(grant, checkpoint, recovery), on_cursor(cursor)), not self.atomic_calls
 
-    def renew_many(self, cursor: Any, grants: Sequence[Grant]) -> Work:
-        """Return ``([renewed, per grant], commit)``: one after another, in the one transaction of the call."""
-        return [self.renew(cursor, grant, None, None)[0] for grant in grants], True
+    # Only the blocking API sends these (the async API in a worker thread): their steps return a Work.
 
-    def take_over(self, cursor: Any, ids: list[str], params: dict[str, Any]) -> Work:
+    def renew_many_steps(self, grants: Sequence[Grant]) -> Steps[tuple[list[bool], bool]]:
+        """Return ``([renewed, per grant], commit)``: one after another, in the one transaction of the call."""
+        renewed: list[bool] = []
+        for grant in grants:
+            renewed.append((yield from self.renew_steps(grant, None, None)))
+        return renewed, True
+
+    def take_over_steps(
+        self, ids: list[str], params: dict[str, Any]
+    ) -> Steps[tuple[tuple[int, set[str]] | None, bool]]:
         """Return ``((token, taken node ids) or None, commit)``."""
         raise NotImplementedError
 
-    def evict(self, cursor: Any, rows: list[Sequence[Any]], grace_ms: int) -> Work:
+    def evict_steps(self, rows: list[Sequence[Any]], grace_ms: int) -> Steps[tuple[list[HolderRecord], bool]]:
         """Remove the evictable holders among the page ``rows``; return their records."""
         raise NotImplementedError
 
-    def find_evictable(
-        self, cursor: Any, namespace: str | None, grace_ms: int, after: str, limit: int
-    ) -> tuple[tuple[list[Sequence[Any]], list[str]], bool]:
+    def find_evictable_steps(
+        self, namespace: str | None, grace_ms: int, after: str, limit: int
+    ) -> Steps[tuple[tuple[list[Sequence[Any]], list[str]], bool]]:
         """Return the records of the next ``limit`` evictable grants after holder id ``after``, and their ids."""
         raise NotImplementedError
 
-    def drop_expired_markers(self, cursor: Any) -> Work:
+    def drop_expired_markers_steps(self) -> Steps[tuple[None, bool]]:
         raise NotImplementedError
 
-    def wait_state(self, cursor: Any, ids: list[str] | None) -> Work:
+    def wait_state_steps(self, ids: list[str] | None) -> Steps[tuple[tuple[list[Any], list[Any]], bool]]:
         """Return ``((live marker rows, blocking holder rows), commit)``: of nodes ``ids``, or of every marker.
 
         Marker rows are ``WAITER_COLUMNS``; holder rows ``RECORD_COLUMNS``, of
@@ -217,14 +231,39 @@ class Dialect:
         """
         raise NotImplementedError
 
-    def raise_token_floor(self, cursor: Any, floor: int) -> Work:
+    def raise_token_floor_steps(self, floor: int) -> Steps[tuple[bool, bool]]:
         """Make the token counter give only tokens above ``floor`` (never lower it); return whether it moved."""
         raise NotImplementedError
 
-    def drop_idle_nodes(self, cursor: Any, after: str, limit: int) -> Work:
+    def drop_idle_nodes_steps(self, after: str, limit: int) -> Steps[tuple[tuple[int, str], bool]]:
         """Delete node rows that no grant holds, among the next ``limit`` after id ``after``.
 
         Return ``((rows looked at, last id), commit)``; stores that delete a
         node with its last holder have nothing to do.
         """
+        yield from ()  # no statement, steps all the same
         return (0, after), False
+
+    def renew_many(self, cursor: Any, grants: Sequence[Grant]) -> Work:
+        return drive(self.renew_many_steps(grants), on_cursor(cursor))
+
+    def take_over(self, cursor: Any, ids: list[str], params: dict[str, Any]) -> Work:
+        return drive(self.take_over_steps(ids, params), on_cursor(cursor))
+
+    def evict(self, cursor: Any, rows: list[Sequence[Any]], grace_ms: int) -> Work:
+        return drive(self.evict_steps(rows, grace_ms), on_cursor(cursor))
+
+    def find_evictable(self, cursor: Any, namespace: str | None, grace_ms: int, after: str, limit: int) -> Work:
+        return drive(self.find_evictable_steps(namespace, grace_ms, after, limit), on_cursor(cursor))
+
+    def drop_expired_markers(self, cursor: Any) -> Work:
+        return drive(self.drop_expired_markers_steps(), on_cursor(cursor))
+
+    def wait_state(self, cursor: Any, ids: list[str] | None) -> Work:
+        return drive(self.wait_state_steps(ids), on_cursor(cursor))
+
+    def raise_token_floor(self, cursor: Any, floor: int) -> Work:
+        return drive(self.raise_token_floor_steps(floor), on_cursor(cursor))
+
+    def drop_idle_nodes(self, cursor: Any, after: str, limit: int) -> Work:
+        return drive(self.drop_idle_nodes_steps(after, limit), on_cursor(cursor))

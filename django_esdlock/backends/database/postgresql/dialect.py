@@ -217,7 +217,9 @@ class PostgresDialect(Dialect):
         renewed = yield Statement(PostgresSQL.RENEW, renew_params(grant, checkpoint, recovery), Fetch.ROWCOUNT)
         return renewed == 1
 
-    def renew_many(self, cursor: Any, grants: Sequence[Grant]) -> tuple[list[bool], bool]:
+    # Only the blocking API sends these (the async API in a worker thread).
+
+    def renew_many_steps(self, grants: Sequence[Grant]) -> Steps[tuple[list[bool], bool]]:
         ordered = sorted(grants, key=lambda grant: grant.request.holder_id)
         params = {
             "holder_ids": [grant.request.holder_id for grant in ordered],
@@ -225,56 +227,56 @@ class PostgresDialect(Dialect):
             "ttl_ms": [grant.request.ttl_ms for grant in ordered],
             "tokens": [grant.token for grant in ordered],
         }
-        cursor.execute(PostgresSQL.RENEW_MANY, params)
-        renewed = {row[0] for row in cursor.fetchall()}
+        rows = yield Statement(PostgresSQL.RENEW_MANY, params, Fetch.ALL)
+        renewed = {row[0] for row in rows}
         return [grant.request.holder_id in renewed for grant in grants], False
 
-    def take_over(
-        self, cursor: Any, ids: list[str], params: dict[str, Any]
-    ) -> tuple[tuple[int, set[str]] | None, bool]:
-        cursor.execute(PostgresSQL.TAKE_OVER, params)
-        row = cursor.fetchone()
+    def take_over_steps(
+        self, ids: list[str], params: dict[str, Any]
+    ) -> Steps[tuple[tuple[int, set[str]] | None, bool]]:
+        row = yield Statement(PostgresSQL.TAKE_OVER, params, Fetch.ONE)
         if row is None:
             return None, False
         return (row[0], set(row[1]) & set(ids)), False
 
-    def evict(self, cursor: Any, rows: list[Sequence[Any]], grace_ms: int) -> tuple[list[HolderRecord], bool]:
+    def evict_steps(self, rows: list[Sequence[Any]], grace_ms: int) -> Steps[tuple[list[HolderRecord], bool]]:
         holder_ids = sorted({row[4] for row in rows})
-        cursor.execute(PostgresSQL.LOCK_GRANTS, {"holder_ids": holder_ids})
-        cursor.execute(PostgresSQL.EVICT, {"holder_ids": holder_ids, "grace_ms": grace_ms})
-        return [record(row) for row in cursor.fetchall()], True
+        yield Statement(PostgresSQL.LOCK_GRANTS, {"holder_ids": holder_ids})
+        evicted = yield Statement(PostgresSQL.EVICT, {"holder_ids": holder_ids, "grace_ms": grace_ms}, Fetch.ALL)
+        return [record(row) for row in evicted], True
 
-    def drop_expired_markers(self, cursor: Any) -> tuple[None, bool]:
-        cursor.execute(PostgresSQL.DROP_EXPIRED_MARKERS, {})
+    def drop_expired_markers_steps(self) -> Steps[tuple[None, bool]]:
+        yield Statement(PostgresSQL.DROP_EXPIRED_MARKERS, {})
         return None, False
 
-    def wait_state(self, cursor: Any, ids: list[str] | None) -> tuple[tuple[list[Any], list[Any]], bool]:
-        cursor.execute(PostgresSQL.WAITERS, {"all": ids is None, "ids": ids or []})
-        markers = cursor.fetchall()
+    def wait_state_steps(self, ids: list[str] | None) -> Steps[tuple[tuple[list[Any], list[Any]], bool]]:
+        markers = yield Statement(PostgresSQL.WAITERS, {"all": ids is None, "ids": ids or []}, Fetch.ALL)
         on = sorted({row[0] for row in markers})
         query = PostgresSQL.RECORDS.replace("{nodes}", PostgresSQL.NODE_FILTERS["on_nodes"]).replace(
             "{holders}", PostgresSQL.HOLDER_FILTERS["blocking"]
         )
-        cursor.execute(query, {"ids": on})
-        return (markers, cursor.fetchall()), False
+        holders = yield Statement(query, {"ids": on}, Fetch.ALL)
+        return (markers, holders), False
 
-    def raise_token_floor(self, cursor: Any, floor: int) -> tuple[bool, bool]:
-        cursor.execute(PostgresSQL.RAISE_TOKEN_FLOOR, {"floor": floor})
-        return cursor.fetchone() is not None, False
+    def raise_token_floor_steps(self, floor: int) -> Steps[tuple[bool, bool]]:
+        row = yield Statement(PostgresSQL.RAISE_TOKEN_FLOOR, {"floor": floor}, Fetch.ONE)
+        return row is not None, False
 
-    def drop_idle_nodes(self, cursor: Any, after: str, limit: int) -> tuple[tuple[int, str], bool]:
-        cursor.execute(PostgresSQL.LOCK_IDLE_NODES, {"after": after, "limit": limit})
-        ids = [row[0] for row in cursor.fetchall()]
+    def drop_idle_nodes_steps(self, after: str, limit: int) -> Steps[tuple[tuple[int, str], bool]]:
+        rows = yield Statement(PostgresSQL.LOCK_IDLE_NODES, {"after": after, "limit": limit}, Fetch.ALL)
+        ids = [row[0] for row in rows]
         if ids:
-            cursor.execute(PostgresSQL.DELETE_IDLE_NODES, {"ids": ids})
+            yield Statement(PostgresSQL.DELETE_IDLE_NODES, {"ids": ids})
         return (len(ids), ids[-1] if ids else after), True
 
-    def find_evictable(
-        self, cursor: Any, namespace: str | None, grace_ms: int, after: str, limit: int
-    ) -> tuple[tuple[list[Sequence[Any]], list[str]], bool]:
-        cursor.execute(PostgresSQL.EVICTABLE_PAGE, {"grace_ms": grace_ms, "after": after, "limit": limit})
-        holder_ids = [row[0] for row in cursor.fetchall()]
+    def find_evictable_steps(
+        self, namespace: str | None, grace_ms: int, after: str, limit: int
+    ) -> Steps[tuple[tuple[list[Sequence[Any]], list[str]], bool]]:
+        page = {"grace_ms": grace_ms, "after": after, "limit": limit}
+        page_rows = yield Statement(PostgresSQL.EVICTABLE_PAGE, page, Fetch.ALL)
+        holder_ids = [row[0] for row in page_rows]
         if not holder_ids:
             return ([], []), False
-        cursor.execute(PostgresSQL.GRANT_RECORDS, {"holder_ids": holder_ids, "namespace": namespace})
-        return (cursor.fetchall(), holder_ids), False
+        params = {"holder_ids": holder_ids, "namespace": namespace}
+        record_rows = yield Statement(PostgresSQL.GRANT_RECORDS, params, Fetch.ALL)
+        return (record_rows, holder_ids), False

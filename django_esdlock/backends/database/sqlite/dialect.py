@@ -40,9 +40,11 @@ from .... import modes
 from ....modes import Mode
 from ....protocol import decide  # SQLite runs the reference model itself
 from ....records import Grant, HolderRecord, LockRequest, Node
-from ..dialect import Dialect
+from ....steps import Steps, drive
+from ..dialect import Dialect, Work
 from ..queries import page_query, records_query
 from ..rows import json_text, node_row, record
+from ..statements import Fetch, Statement, on_cursor
 
 try:
     import fcntl
@@ -236,20 +238,20 @@ def _offset(ms: int) -> str:
     return f"{ms / 1000:+.3f} seconds"
 
 
-def _now(cursor: Any) -> str:
-    cursor.execute(SQLiteSQL.NOW, [])
-    return cursor.fetchone()[0]
+def _now_steps() -> Steps[str]:
+    row = yield Statement(SQLiteSQL.NOW, [], Fetch.ONE)
+    return row[0]
 
 
-def _time(cursor: Any, now: str, offset_ms: int) -> str:
-    cursor.execute(SQLiteSQL.TIME, {"now": now, "offset": _offset(offset_ms)})
-    return cursor.fetchone()[0]
+def _time_steps(now: str, offset_ms: int) -> Steps[str]:
+    row = yield Statement(SQLiteSQL.TIME, {"now": now, "offset": _offset(offset_ms)}, Fetch.ONE)
+    return row[0]
 
 
-def _next_token(cursor: Any) -> int:
-    cursor.execute(SQLiteSQL.NEXT_TOKEN, [])
-    cursor.execute(SQLiteSQL.READ_TOKEN, [])
-    return cursor.fetchone()[0]
+def _next_token_steps() -> Steps[int]:
+    yield Statement(SQLiteSQL.NEXT_TOKEN, [])
+    row = yield Statement(SQLiteSQL.READ_TOKEN, [], Fetch.ONE)
+    return row[0]
 
 
 class SQLiteDialect(Dialect):
@@ -314,37 +316,47 @@ class SQLiteDialect(Dialect):
     def is_missing_schema(self, error: BaseException) -> bool:
         return "no such table: esdlock_" in str(error)
 
-    def with_clock(self, cursor: Any, params: dict[str, Any]) -> dict[str, Any]:
-        now = _now(cursor)
-        return {**params, "now": now, "cutoff": _time(cursor, now, -params.get("grace_ms", 0))}
+    def with_clock_steps(self, params: dict[str, Any]) -> Steps[dict[str, Any]]:
+        now = yield from _now_steps()
+        cutoff = yield from _time_steps(now, -params.get("grace_ms", 0))
+        return {**params, "now": now, "cutoff": cutoff}
 
-    def acquire(
-        self, cursor: Any, request: LockRequest, nodes: list[Node], marker_ttl_ms: int
-    ) -> tuple[Grant | None, bool]:
-        now = _now(cursor)
+    # SQLite has no async API of its own: the Dialect's blocking methods
+    # drive these steps, acquire's its own (it commits only what it wrote).
+
+    def acquire(self, cursor: Any, request: LockRequest, nodes: list[Node], marker_ttl_ms: int) -> Work:
+        return drive(self.acquire_work_steps(request, nodes, marker_ttl_ms), on_cursor(cursor))
+
+    def acquire_work_steps(
+        self, request: LockRequest, nodes: list[Node], marker_ttl_ms: int
+    ) -> Steps[tuple[Grant | None, bool]]:
+        """Return ``(the grant or None, commit)``: a refusal commits only the markers it left or renewed."""
+        now = yield from _now_steps()
         ids = json.dumps([node.id for node in nodes])
-        cursor.execute(SQLiteSQL.READ_HOLDERS, {"ids": ids, "now": now})
-        holders = cursor.fetchall()
-        cursor.execute(SQLiteSQL.READ_WAITERS, {"ids": ids, "now": now})
-        decision = decide(request, holders, cursor.fetchall())
+        holders = yield Statement(SQLiteSQL.READ_HOLDERS, {"ids": ids, "now": now}, Fetch.ALL)
+        waiters = yield Statement(SQLiteSQL.READ_WAITERS, {"ids": ids, "now": now}, Fetch.ALL)
+        decision = decide(request, holders, waiters)
         if decision.refused:
             if request.ticket is None:
                 return None, False
+            renew_before = yield from _time_steps(now, marker_ttl_ms // 2)
             marker = {
                 "refused": json.dumps([[node.id, mode.value] for node, mode in decision.refused]),
                 "holder_id": request.holder_id,
                 "ticket": request.ticket,
                 "owner": json_text(request.owner.as_dict()),
-                "renew_before": _time(cursor, now, marker_ttl_ms // 2),
+                "renew_before": renew_before,
             }
-            cursor.execute(SQLiteSQL.WRITE_MARKERS, {**marker, "now": now, "offset": _offset(marker_ttl_ms)})
-            return None, cursor.rowcount > 0  # commit only markers it left or renewed
-        cursor.execute(SQLiteSQL.CREATE_NODES, {"nodes": json.dumps([node_row(node) for node in nodes])})
-        cursor.execute(SQLiteSQL.EVICT_FOR_ACQUIRE, {"ids": ids, "holder_id": request.holder_id, "now": now})
+            written = yield Statement(
+                SQLiteSQL.WRITE_MARKERS, {**marker, "now": now, "offset": _offset(marker_ttl_ms)}, Fetch.ROWCOUNT
+            )
+            return None, written > 0
+        yield Statement(SQLiteSQL.CREATE_NODES, {"nodes": json.dumps([node_row(node) for node in nodes])})
+        yield Statement(SQLiteSQL.EVICT_FOR_ACQUIRE, {"ids": ids, "holder_id": request.holder_id, "now": now})
         if request.ticket is not None:
-            cursor.execute(SQLiteSQL.DROP_MARKERS, {"ids": ids, "holder_id": request.holder_id, "now": now})
-        token = _next_token(cursor)
-        cursor.execute(
+            yield Statement(SQLiteSQL.DROP_MARKERS, {"ids": ids, "holder_id": request.holder_id, "now": now})
+        token = yield from _next_token_steps()
+        yield Statement(
             SQLiteSQL.WRITE_HOLDERS,
             {
                 "taken": json.dumps([[node.id, mode.value, modes.is_grant(mode)] for node, mode in decision.writes]),
@@ -359,27 +371,26 @@ class SQLiteDialect(Dialect):
         )
         return Grant(request=request, token=token, taken=tuple(node for node, _ in decision.writes)), True
 
-    def release(
-        self, cursor: Any, holder_id: str, owner_key: str | None, released: Sequence[tuple[Node, Mode | None]]
-    ) -> tuple[bool, bool]:
+    def release_steps(
+        self, holder_id: str, owner_key: str | None, released: Sequence[tuple[Node, Mode | None]]
+    ) -> Steps[bool]:
         ids = sorted({node.id for node, _ in released})
-        now = _now(cursor)
+        now = yield from _now_steps()
         id_list = json.dumps(ids)
-        cursor.execute(SQLiteSQL.RELEASE_HOLDER, {"ids": id_list, "holder_id": holder_id, "owner_key": owner_key})
-        removed = cursor.rowcount
-        cursor.execute(SQLiteSQL.EVICT_EXPIRED_ON, {"ids": id_list, "cutoff": now})
-        cursor.execute(SQLiteSQL.DELETE_EMPTY_NODES, {"ids": id_list})
-        return removed == len(ids), True
+        params = {"ids": id_list, "holder_id": holder_id, "owner_key": owner_key}
+        removed = yield Statement(SQLiteSQL.RELEASE_HOLDER, params, Fetch.ROWCOUNT)
+        yield Statement(SQLiteSQL.EVICT_EXPIRED_ON, {"ids": id_list, "cutoff": now})
+        yield Statement(SQLiteSQL.DELETE_EMPTY_NODES, {"ids": id_list})
+        return removed == len(ids)
 
-    def withdraw(self, cursor: Any, request: LockRequest) -> tuple[None, bool]:
+    def withdraw_steps(self, request: LockRequest) -> Steps[None]:
         ids = sorted({node.id for node, _ in request.targets})
-        cursor.execute(SQLiteSQL.WITHDRAW, {"holder_id": request.holder_id, "ids": json.dumps(ids)})
-        return None, True
+        yield Statement(SQLiteSQL.WITHDRAW, {"holder_id": request.holder_id, "ids": json.dumps(ids)})
 
-    def renew(self, cursor: Any, grant: Grant, checkpoint: str | None, recovery: str | None) -> tuple[bool, bool]:
+    def renew_steps(self, grant: Grant, checkpoint: str | None, recovery: str | None) -> Steps[bool]:
         ids = sorted({node.id for node in grant.taken})
         asked = dict(grant.request.targets)
-        now = _now(cursor)
+        now = yield from _now_steps()
         params = {
             "holder_id": grant.request.holder_id,
             "owner_key": grant.request.owner.key,
@@ -391,52 +402,53 @@ class SQLiteDialect(Dialect):
             "now": now,
             "offset": _offset(grant.request.ttl_ms),
         }
-        cursor.execute(SQLiteSQL.RENEW, params)
-        return cursor.rowcount == len(ids), True
+        renewed = yield Statement(SQLiteSQL.RENEW, params, Fetch.ROWCOUNT)
+        return renewed == len(ids)
 
-    def take_over(
-        self, cursor: Any, ids: list[str], params: dict[str, Any]
-    ) -> tuple[tuple[int, set[str]] | None, bool]:
-        now = _now(cursor)
-        cursor.execute(SQLiteSQL.TAKE_OVER_ARBITER, {**params, "now": now})
-        if cursor.fetchone() is None:
+    def take_over_steps(
+        self, ids: list[str], params: dict[str, Any]
+    ) -> Steps[tuple[tuple[int, set[str]] | None, bool]]:
+        now = yield from _now_steps()
+        arbiter = yield Statement(SQLiteSQL.TAKE_OVER_ARBITER, {**params, "now": now}, Fetch.ONE)
+        if arbiter is None:
             return None, False
         id_list = json.dumps(ids)
-        cursor.execute(SQLiteSQL.TAKE_OVER_TAKEN, {"ids": id_list, "holder_id": params["holder_id"]})
-        taken = {row[0] for row in cursor.fetchall()}
-        token = _next_token(cursor)
+        rows = yield Statement(SQLiteSQL.TAKE_OVER_TAKEN, {"ids": id_list, "holder_id": params["holder_id"]}, Fetch.ALL)
+        taken = {row[0] for row in rows}
+        token = yield from _next_token_steps()
         offset = _offset(params["ttl_ms"])
-        cursor.execute(SQLiteSQL.TAKE_OVER, {**params, "ids": id_list, "token": token, "now": now, "offset": offset})
+        yield Statement(SQLiteSQL.TAKE_OVER, {**params, "ids": id_list, "token": token, "now": now, "offset": offset})
         return (token, taken), True
 
-    def evict(self, cursor: Any, rows: list[Sequence[Any]], grace_ms: int) -> tuple[list[HolderRecord], bool]:
+    def evict_steps(self, rows: list[Sequence[Any]], grace_ms: int) -> Steps[tuple[list[HolderRecord], bool]]:
         id_list = json.dumps(sorted({row[3] for row in rows}))
-        now = _now(cursor)
-        cutoff = _time(cursor, now, -grace_ms)
+        now = yield from _now_steps()
+        cutoff = yield from _time_steps(now, -grace_ms)
         query = SQLiteSQL.RECORDS.replace("{nodes}", "1 = 1").replace(
             "{holders}", " AND ".join([SQLiteSQL.HOLDER_FILTERS["on_nodes"], SQLiteSQL.HOLDER_FILTERS["evictable"]])
         )
-        cursor.execute(query, {"ids": id_list, "cutoff": cutoff})
-        found = [record(row) for row in cursor.fetchall()]
-        cursor.execute(SQLiteSQL.EVICT_EXPIRED_ON, {"ids": id_list, "cutoff": cutoff})
-        cursor.execute(SQLiteSQL.DELETE_EMPTY_NODES, {"ids": id_list})
+        evictable = yield Statement(query, {"ids": id_list, "cutoff": cutoff}, Fetch.ALL)
+        found = [record(row) for row in evictable]
+        yield Statement(SQLiteSQL.EVICT_EXPIRED_ON, {"ids": id_list, "cutoff": cutoff})
+        yield Statement(SQLiteSQL.DELETE_EMPTY_NODES, {"ids": id_list})
         return found, True
 
-    def raise_token_floor(self, cursor: Any, floor: int) -> tuple[bool, bool]:
-        cursor.execute(SQLiteSQL.RAISE_TOKEN_FLOOR, {"floor": floor})
-        return cursor.rowcount > 0, True
+    def raise_token_floor_steps(self, floor: int) -> Steps[tuple[bool, bool]]:
+        raised = yield Statement(SQLiteSQL.RAISE_TOKEN_FLOOR, {"floor": floor}, Fetch.ROWCOUNT)
+        return raised > 0, True
 
-    def drop_expired_markers(self, cursor: Any) -> tuple[None, bool]:
-        cursor.execute(SQLiteSQL.DROP_EXPIRED_MARKERS, {"now": _now(cursor)})
+    def drop_expired_markers_steps(self) -> Steps[tuple[None, bool]]:
+        now = yield from _now_steps()
+        yield Statement(SQLiteSQL.DROP_EXPIRED_MARKERS, {"now": now})
         return None, True
 
-    def wait_state(self, cursor: Any, ids: list[str] | None) -> tuple[tuple[list[Any], list[Any]], bool]:
-        now = _now(cursor)  # one clock for both reads: they run in one transaction
-        cursor.execute(SQLiteSQL.WAITERS, {"all": ids is None, "ids": json.dumps(ids or []), "now": now})
-        markers = cursor.fetchall()
+    def wait_state_steps(self, ids: list[str] | None) -> Steps[tuple[tuple[list[Any], list[Any]], bool]]:
+        now = yield from _now_steps()  # one clock for both reads: they run in one transaction
+        params = {"all": ids is None, "ids": json.dumps(ids or []), "now": now}
+        markers = yield Statement(SQLiteSQL.WAITERS, params, Fetch.ALL)
         on = json.dumps(sorted({row[0] for row in markers}))
         query = SQLiteSQL.RECORDS.replace("{nodes}", SQLiteSQL.NODE_FILTERS["on_nodes"]).replace(
             "{holders}", SQLiteSQL.HOLDER_FILTERS["blocking"]
         )
-        cursor.execute(query, {"ids": on, "now": now})
-        return (markers, cursor.fetchall()), False
+        holders = yield Statement(query, {"ids": on, "now": now}, Fetch.ALL)
+        return (markers, holders), False
