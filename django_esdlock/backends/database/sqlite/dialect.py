@@ -443,7 +443,7 @@ class SQLiteDialect(Dialect):
         return None, True
 
     def wait_state_steps(self, ids: list[str] | None) -> Steps[tuple[tuple[list[Any], list[Any]], bool]]:
-        now = yield from _now_steps()  # one clock for both reads: they run in one transaction
+        now = yield from _now_steps()  # both reads judge by this one clock: that, not a transaction, makes them agree
         params = {"all": ids is None, "ids": json.dumps(ids or []), "now": now}
         markers = yield Statement(SQLiteSQL.WAITERS, params, Fetch.ALL)
         on = json.dumps(sorted({row[0] for row in markers}))
