@@ -223,9 +223,9 @@ class BaseLock:
                 grant = yield TRY
             except LockStoreBusy:
                 # Turned away for now (429, 503): nothing was granted; try again within the deadline.
-                if deadline is not None and deadline - time.monotonic() <= 0:
-                    raise
                 remaining = math.inf if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
                 yield Sleep(min(remaining, backoff_delay(busy_attempt, cap=1.0)))
                 busy_attempt += 1
                 continue

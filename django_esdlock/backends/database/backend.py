@@ -597,7 +597,7 @@ class DatabaseLockBackend(BaseLockBackend):
         The backoff step, longer with a listener, is the fallback for leases
         and markers that run out. Elsewhere this sleeps the backoff step.
         """
-        if not self.supports_notify:
+        if not self.features.notifies:
             super().wait_release(request, timeout, attempt)
             return
         wrapper = self.connection
