@@ -56,9 +56,10 @@ class ReaperContract:
 
     def test_killed_holder_frees_itself_after_its_ttl(self, lock_config, backend, peers):
         writer, reader = peers(), peers()
+        # Each killed as soon as it holds: alive past its first renewal (1 s in), it would have renewed.
         writer.acquire("w", scheme="tree", path="/a/b/c/d", ttl=30)
-        reader.acquire("r", scheme="tree", path="/x/y", shared=True, ttl=30)
         writer.kill()
+        reader.acquire("r", scheme="tree", path="/x/y", shared=True, ttl=30)
         reader.kill()
         # The store recorded the leases asked for; the dead never renew them.
         leases = {h.expires_at - h.acquired_at for h in all_holders(backend)}
