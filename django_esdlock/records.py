@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import datetime
 import enum
+import functools
 import hashlib
 import os
 import socket
@@ -36,9 +37,9 @@ class Node:
     kind: Kind
     key: str
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
-        """Return the store key of this node, a digest when the key is too long."""
+        """Return the store key of this node, a digest when the key is too long (computed once: a hot path)."""
         plain = f"{self.kind.value}:{self.namespace}:{self.key}"
         if len(plain.encode()) <= MAX_NODE_ID_BYTES:
             return plain

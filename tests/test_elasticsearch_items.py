@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from django_esdlock.backends.elasticsearch.answers import TOKEN_TERM_SHIFT, read_acquire_items
+from django_esdlock.backends.elasticsearch.answers import TOKEN_TERM_SHIFT, fresh_node_exists, read_acquire_items
 from django_esdlock.modes import Mode
 from django_esdlock.records import Kind, LockRequest, Node, Owner
 
@@ -95,3 +95,29 @@ def test_a_reentry_is_an_update_with_neither_a_holder_nor_a_marker_of_the_reques
     took_b = {"get": {"_source": {"holders": [{"id": "h1"}]}}}
     outcome = read_acquire_items(queued, [ok("updated", 5, **marked), ok("created", 6, **took_b)])
     assert outcome.refused == [A] and outcome.taken == [B]  # its marker on A: it queued there
+
+
+def created(seq_no):
+    return {"create": {"_id": "x", "result": "created", "_seq_no": seq_no, "_primary_term": 1, "status": 201}}
+
+
+def test_a_plain_create_takes_its_node_for_a_waiting_request_too():
+    # A create answers no source; it wrote the request's holder, never a marker.
+    waiting = dataclasses.replace(request(), ticket=5)
+    outcome = read_acquire_items(waiting, [created(3), created(4), created(5)])
+    assert outcome.taken == [A, B, C] and not outcome.refused and outcome.token == TERM_1 + 6
+
+
+@pytest.mark.parametrize(
+    ("item", "found"),
+    [
+        (created(1), None),
+        ({"create": {"status": 409, "error": {"type": "version_conflict_engine_exception"}}}, "exists"),
+        ({"create": {"status": 400, "error": {"type": "illegal_argument_exception"}}}, "failed"),
+        ({"create": {"status": 429, "error": {"type": "es_rejected_execution_exception"}}}, None),
+        (ok("noop", 1), "exists"),
+        (ok("created", 1), None),
+    ],
+)
+def test_what_the_item_of_a_fresh_node_says_of_it(item, found):
+    assert fresh_node_exists(item) == found

@@ -153,7 +153,7 @@ def wakeup(kit: StoreKit, pool: WorkerPool, rounds: int, idle_floor: float | Non
         conn.send("stop")
     pool.results([conn])
     postgres = kit.name == "postgres"
-    goal = value_at_most(0.005, "≤ 5 ms") if postgres else None
+    goal = value_at_most(0.005, "≤ 5 ms") if postgres else ratio_at_most(1.0) if kit.name == "elasticsearch" else None
     common = {"backend": kit.name, "unit": "s", "baseline_label": "one uncontended pair", "baseline": floor}
     against_idle = []
     if idle_floor:
@@ -214,7 +214,7 @@ def contention(kit: StoreKit, pool: WorkerPool, workers: int, seconds: float, sa
             unit="/s",
             baseline_label="1 process, same subtree",
             baseline=solo_rate,
-            goal=ratio_at_least(1.0) if kit.name == "postgres" else None,
+            goal={"postgres": ratio_at_least(1.0), "elasticsearch": ratio_at_least(0.9)}.get(kit.name),
         ),
         Figure(
             key=f"{kit.name}.contention.longest_wait",

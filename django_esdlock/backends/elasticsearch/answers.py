@@ -73,7 +73,8 @@ def read_acquire_items(
 ) -> AcquireOutcome:
     """Sort the items of an acquire ``_bulk`` (of ``targets``, default all the request's) into taken, refused, failed.
 
-    ``created``/``updated`` took the node, except an update with neither a
+    ``created``/``updated`` took the node (a plain ``create`` answers no
+    source: it wrote the only holder), except an update with neither a
     holder nor a marker of the request: a reentry (ACQUIRE writes such a node
     back unchanged). ``noop`` is a refusal. A 409 (concurrent
     update or two upserts racing to create the node, after retry_on_conflict)
@@ -106,7 +107,10 @@ def read_acquire_items(
         ):
             outcome.token = max(outcome.token, token(body))  # reentered: written back unchanged (see ACQUIRE)
         elif (
-            answered in ("created", "updated") and request.ticket is not None and not _holds(source, request.holder_id)
+            answered in ("created", "updated")
+            and request.ticket is not None
+            and "create" not in item
+            and not _holds(source, request.holder_id)
         ):
             outcome.refused.append(node)  # it left a waiting marker, not a holder
             outcome.ahead = max(outcome.ahead, _queued_before(source, request.ticket, mode))
@@ -122,6 +126,30 @@ def read_acquire_items(
         else:
             outcome.errors.append(f"{node}: unexpected result {answered!r}")
     return outcome
+
+
+def fresh_node_exists(item: Mapping[str, Any]) -> str | None:
+    """Of the item that took a fresh node: "exists" or "failed" (take it with ACQUIRE), or None (read it as is).
+
+    A plain ``create`` answers 409 for a node that exists, the scripted CREATE
+    a no-op. Any other failure of a ``create`` wrote nothing either (a missing
+    grant pipeline, a node without the ingest role): ACQUIRE takes the node
+    instead. None: the item is read as any acquire item (taken, busy, failed).
+    """
+    ((action, body),) = item.items()
+    if action == "update":
+        return "exists" if body.get("result") == "noop" else None
+    if body.get("status") == 409:
+        return "exists"
+    if body.get("error") and body.get("status") not in BUSY_STATUSES:
+        return "failed"
+    return None
+
+
+def item_error(item: Mapping[str, Any]) -> str:
+    """Return the error of a ``_bulk`` item as ``type: reason``."""
+    error = next(iter(item.values())).get("error") or {}
+    return f"{error.get('type')}: {error.get('reason')}"
 
 
 def _note_full(outcome: AcquireOutcome, node: Node, source: Mapping[str, Any] | None, max_holders: int | None) -> None:

@@ -11,6 +11,7 @@ from ...exceptions import InvalidLockBackend
 from ...forks import ForkSafeLock
 from ...redaction import add_secrets
 from ..base import BaseLockBackend, StoreFeatures
+from .grants import DEFAULT_PIPELINE, GrantPipeline
 from .index import IndexSetup
 from .maintenance import Maintenance
 from .options import (
@@ -21,6 +22,7 @@ from .options import (
     check_durability,
     check_index_names,
     check_positive,
+    checked_pipeline,
     checked_token_floor,
     configured_secrets,
     flag,
@@ -36,7 +38,7 @@ from .protocol import Protocol
 from .transport import CLIENT_OPTIONS, Transport
 
 
-class ElasticsearchLockBackend(IndexSetup, Maintenance, Protocol, Transport, BaseLockBackend):
+class ElasticsearchLockBackend(IndexSetup, Maintenance, GrantPipeline, Protocol, Transport, BaseLockBackend):
     """Locks as documents of Elasticsearch lock indices (one by default), as the chapter builds them.
 
     OPTIONS: ``hosts`` (default ``["http://127.0.0.1:9200"]``), ``index``
@@ -50,7 +52,10 @@ class ElasticsearchLockBackend(IndexSetup, Maintenance, Protocol, Transport, Bas
     that keeps that many refuses newcomers as a conflict would, until holders
     leave; default 10,000, Elasticsearch's ``index.mapping.nested_objects.limit``),
     ``token_floor`` (every fencing token exceeds it: see "Restoring a lock
-    store" in the README; default 0) and any keyword of
+    store" in the README; default 0), ``grant_pipeline`` (the ingest pipeline
+    that stamps the lease of a node taken with a plain ``create``, installed
+    at setup; None: take fresh nodes with a scripted upsert; default
+    ``"esdlock-grant-v1"``, see :mod:`.grants`) and any keyword of
     ``elasticsearch.Elasticsearch`` (``basic_auth``, ``api_key``,
     ``ca_certs``, ``verify_certs``, ``request_timeout``, ...), passed through
     to the client.
@@ -106,6 +111,7 @@ class ElasticsearchLockBackend(IndexSetup, Maintenance, Protocol, Transport, Bas
         namespace_indices: Mapping[str, str] | None = None,
         allow_plain_http_credentials: bool | str = False,
         token_floor: int | str = 0,
+        grant_pipeline: str | None = DEFAULT_PIPELINE,
         **client_options: Any,
     ) -> None:
         super().__init__(ttl=ttl)
@@ -146,6 +152,7 @@ class ElasticsearchLockBackend(IndexSetup, Maintenance, Protocol, Transport, Bas
         self._init_transport()
         self._init_index()
         self._init_protocol()
+        self._init_grants(checked_pipeline(grant_pipeline, DEFAULT_PIPELINE))
 
     def describe(self) -> str:
         indices = self.lock_indices

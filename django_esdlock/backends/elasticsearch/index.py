@@ -197,6 +197,7 @@ class IndexSetup:
             self._per_item_alias = answers.version(body_of(info)) >= (7, 10)
         for alias in self.lock_indices:
             yield from self._lock_index_steps(alias)
+        yield from self._grant_pipeline_steps()
         self._index_ready = True
 
     # --- the lock index: an alias of its incarnation ---------------------------------
@@ -260,6 +261,8 @@ class IndexSetup:
         if error:
             if isinstance(error, Mapping) and error.get("type") == NOT_FOUND:
                 return True
+            if "pipeline" in header:
+                return False  # failed in the grant pipeline, before any index was resolved or created
             # Elasticsearch before 7.10 creates a missing index even for a write that then fails (an update
             # of a document that is not there): the answer comes from that index, named like the alias.
             return concrete == alias and current != alias
@@ -548,6 +551,7 @@ class IndexSetup:
         if missing:
             errors.extend(self._holders_warnings(missing[0], NESTED_OBJECTS_LIMIT, planned=True))
         errors.extend(self._bulk_warnings(content_lengths))
+        errors.extend(self._pipeline_warnings())
         return errors
 
     def _cluster_facts_steps(self) -> Steps[tuple[int, list[int], dict[str, tuple[Any, Any]]]]:
@@ -604,7 +608,7 @@ class IndexSetup:
         grant = Grant(request, 1 << 50, (node,))
         items = [
             self._acquire_items(request.targets, holder, request),
-            self._create_item(node, modes.Mode.X, holder, request),
+            self._fresh_item(node, modes.Mode.X, holder, request),
             self._scripted(node, scripts.RENEW, renew_params(grant, None, {"state": "running", "attempts": 99})),
         ]
         item = max(sum(len(json.dumps(line, ensure_ascii=False).encode()) + 1 for line in lines) for lines in items)

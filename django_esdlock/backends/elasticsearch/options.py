@@ -105,6 +105,20 @@ def flag(name: str, value: Any) -> bool:
     raise InvalidLockBackend(f"ElasticsearchLockBackend OPTIONS[{name!r}] must be true or false, not {value!r}")
 
 
+def checked_pipeline(value: Any, default: str) -> str | None:
+    """Return ``OPTIONS['grant_pipeline']``: an ingest pipeline id, or None (a URL's ``none``): no pipeline."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "false", "0")):
+        return None
+    if value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1")):
+        return default
+    if isinstance(value, str) and re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,199}", value):
+        return value
+    raise InvalidLockBackend(
+        "ElasticsearchLockBackend OPTIONS['grant_pipeline'] must be an ingest pipeline id (lower case letters, "
+        f"digits, '_', '.', '-') or None, not {value!r}"
+    )
+
+
 def check_index_names(index: str, namespace_indices: Mapping[str, str]) -> None:
     """Refuse a lock index name Elasticsearch would refuse (upper case, a leading ``_``, ``-`` or ``+``)."""
     for name in (index, *namespace_indices.values()):

@@ -197,24 +197,45 @@ class Protocol:
     def _take_steps(
         self, targets: Sequence[tuple[Node, modes.Mode]], holder: dict[str, Any], request: LockRequest
     ) -> Steps[answers.AcquireOutcome]:
-        """Take ``targets``: CREATE where the node may be new, ACQUIRE where it exists; stop at the first refusal."""
+        """Take ``targets``: ``create`` where the node may be new, ACQUIRE where it exists; stop at the first refusal.
+
+        A fresh node's ``create`` (see :mod:`.grants`) that finds the node
+        existing (409, or a no-op of the scripted CREATE) goes to ACQUIRE in a
+        second ``_bulk``, as does one the grant pipeline failed: nothing was
+        written by it. A ``_bulk`` that also takes known nodes takes its
+        fresh ones with the scripted CREATE.
+        """
+        yield from self._grant_pipeline_steps()
         with self._sole_lock:
             known = [t for t in targets if t[0].id in self._existing]
         fresh = [t for t in targets if t not in known]
-        operations = [op for node, mode in fresh for op in self._create_item(node, mode, holder, request)]
+        # Elasticsearch 7.0 fails an upsert (ACQUIRE) through an alias in a _bulk that also names a pipeline
+        # ("pipeline with id [null] does not exist"): a plain create only in a bulk of creates (see grants.py).
+        plain = not known
+        operations = [op for node, mode in fresh for op in self._fresh_item(node, mode, holder, request, plain=plain)]
         operations += self._acquire_items(known, holder, request)
         items = yield from self._bulk_steps(operations, "acquire", retry_for=0)
         fresh_items, known_items = items[: len(fresh)], items[len(fresh) :]
-        existing = [t for t, i in zip(fresh, fresh_items, strict=True) if answers.result(i) == "noop"]
-        created = [(t, i) for t, i in zip(fresh, fresh_items, strict=True) if answers.result(i) != "noop"]
+        existing = []
+        created = []
+        for target, item in zip(fresh, fresh_items, strict=True):
+            found = answers.fresh_node_exists(item)
+            if found is None:
+                created.append((target, item))
+                continue
+            existing.append(target)
+            if found == "failed":
+                self._pipeline_failed(answers.item_error(item))
         self._note_sole(request.holder_id, [(node, item) for (node, _), item in created])
         self._note_existing(
             [n for n, _ in existing],
             [n for (n, _), i in zip(known, known_items, strict=True) if answers.result(i) == "created"],
         )
-        read = created + list(zip(known, known_items, strict=True))
         outcome = answers.read_acquire_items(
-            request, [i for _, i in read], [t for t, _ in read], max_holders=self.max_holders_per_node
+            request,
+            [i for _, i in created] + known_items,
+            [t for t, _ in created] + known,
+            max_holders=self.max_holders_per_node,
         )
         if existing and not (outcome.refused or outcome.errors or outcome.busy):
             items = yield from self._bulk_steps(self._acquire_items(existing, holder, request), "acquire", retry_for=0)
@@ -246,20 +267,6 @@ class Protocol:
                 upsert={},
             )
         ]
-
-    def _create_item(
-        self, node: Node, mode: modes.Mode, holder: dict[str, Any], request: LockRequest
-    ) -> list[dict[str, Any]]:
-        """Return the bulk lines of CREATE: the new node's whole source, but the lease, comes from here."""
-        fresh = {
-            **node_fields(node),
-            "lock_type": modes.lock_type([mode]),
-            "lock_count": 1,
-            "modes": [mode.value],
-        }
-        params = {"holder": holder_entry(holder, mode, request), "ttl_ms": request.ttl_ms, "fresh": fresh}
-        fields = ["holders.id"] if request.ticket is not None else None
-        return self._scripted(node, scripts.CREATE, params, fields=fields, scripted_upsert=True, upsert={})
 
     def _acquire_params(
         self, node: Node, mode: modes.Mode, holder: dict[str, Any], request: LockRequest

@@ -40,8 +40,9 @@ def compact(source: str) -> str:
 CREATE = """
 // Create a node that does not exist yet, with params.holder as its only holder
 // (lease from ctx._now) and params.fresh as the rest of its source; a no-op
-// when the node exists, which the caller then takes with ACQUIRE. The common,
-// uncontended case, in a fraction of ACQUIRE's code.
+// when the node exists, which the caller then takes with ACQUIRE. Sent for a
+// fresh node in place of a plain `create` where the grant pipeline cannot be
+// used (see grants.py): a fraction of ACQUIRE's code.
 if (ctx._source.isEmpty()) {
   long now = ctx._now;
   Map holder = new HashMap();
@@ -53,6 +54,49 @@ if (ctx._source.isEmpty()) {
 } else {
   ctx.op = 'none';
 }
+"""
+
+GRANT = """
+// The script processor of the grant pipeline (see grants.py): the lease of
+// each holder of a node created with a plain `create` starts at the ingest
+// node's clock. The pipeline's set processor put that clock's reading,
+// ZonedDateTime.toString() of _ingest.timestamp ("2026-11-26T14:08:17.066Z";
+// the seconds and the fraction are left out when zero, the fraction has 3, 6
+// or 9 digits), into lease_stamp: it is read here by hand into epoch
+// milliseconds (days from the civil date), as noida-db's Painless has no
+// java.time parsing. Each holder's lease_ms becomes acquired_at and
+// expires_at; neither helper field is kept.
+String t = ctx.remove('lease_stamp');
+long y = Long.parseLong(t.substring(0, 4));
+long mo = Long.parseLong(t.substring(5, 7));
+long d = Long.parseLong(t.substring(8, 10));
+long ms = Long.parseLong(t.substring(11, 13)) * 3600000L + Long.parseLong(t.substring(14, 16)) * 60000L;
+if (t.length() > 17) {
+  ms += Long.parseLong(t.substring(17, 19)) * 1000L;
+}
+int dot = t.indexOf('.');
+if (dot > 0) {
+  String fraction = t.substring(dot + 1, t.length() - 1) + '00';
+  ms += Long.parseLong(fraction.substring(0, 3));
+}
+if (mo <= 2) {
+  y -= 1;
+}
+long era = y / 400;
+long yoe = y - era * 400;
+long mp = mo > 2 ? mo - 3 : mo + 9;
+long doe = yoe * 365 + yoe / 4 - yoe / 100 + (153 * mp + 2) / 5 + d - 1;
+long now = (era * 146097 + doe - 719468) * 86400000L + ms;
+List holders = new ArrayList();
+for (def h : ctx.holders) {
+  Map holder = new HashMap();
+  holder.putAll(h);
+  long lease = holder.remove('lease_ms');
+  holder.acquired_at = now;
+  holder.expires_at = now + lease;
+  holders.add(holder);
+}
+ctx.holders = holders;
 """
 
 # Recomputes the chapter's views of a node from `kept`; shared by the writers below.
