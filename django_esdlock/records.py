@@ -165,8 +165,7 @@ class Owner:
     def as_dict(self) -> dict[str, Any]:
         # thread idents exceed what some stores keep as a number: record text. The task
         # is in the key and the thread name (the stores' owner fields stay as they are).
-        fields = dataclasses.asdict(self)
-        del fields["task"]
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "task"}  # flat
         return {**fields, "thread": str(self.thread), "key": self.key}
 
 

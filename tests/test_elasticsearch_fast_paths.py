@@ -162,3 +162,29 @@ def test_a_waiting_request_refused_on_every_node_polls_them_all_at_once(backend)
     assert backend.release(held) is True
     grant = backend.acquire(request)
     assert grant is not None and backend.release(grant) is True
+
+
+def test_a_release_someone_waited_for_is_still_one_bulk(backend):
+    held = backend.acquire(tree(("/m", "X")))
+    request = waiting(("/m", "X"))
+    assert backend.acquire(request) is None  # its marker on /m makes held's delete of /m fail
+    bulks = []
+    perform = backend.perform
+
+    def recording(call):
+        answer = perform(call)
+        if call.name == "bulk":
+            bulks.append([(next(iter(item)), next(iter(item.values())).get("result")) for item in answer["items"]])
+        return answer
+
+    backend.perform = recording
+    assert backend.release(held) is True
+    # The delete fails on its _seq_no; the RELEASE behind it, in the same bulk, releases (the marker keeps /m).
+    assert bulks == [[("delete", None), ("update", "updated")]]
+    assert [w["id"] for w in source(backend, "/m")["waiters"]] == [request.holder_id, held.request.holder_id]
+    grant = backend.acquire(request)
+    assert grant is not None
+    bulks.clear()
+    assert backend.release(grant) is True  # not its creation: RELEASE alone, which deletes the emptied node
+    assert bulks == [[("update", "deleted")]]
+    assert source(backend, "/m") is None

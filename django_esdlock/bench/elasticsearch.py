@@ -175,6 +175,7 @@ class ElasticsearchKit(StoreKit):
 
     def facts(self) -> dict[str, Any]:
         info = self.client.info()
+        self.backend.setup()  # verifies the grant pipeline
         pipeline = self.backend._pipeline or f"none ({self.backend._pipeline_why})"
         return {
             "server": f"Elasticsearch API {info['version']['number']}, node {info.get('name')!r}",
