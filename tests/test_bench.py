@@ -41,7 +41,11 @@ def verdict(figure: dict) -> bool | None:
 
 
 def expected_keys(store: str) -> set[str]:
-    baselines = {"elasticsearch": ("raw", "naive"), "postgres": ("row", "advisory"), "sqlite": ("row",)}[store]
+    baselines = {
+        "elasticsearch": ("raw", "raw_bulk", "naive", "scripted"),
+        "postgres": ("row", "advisory"),
+        "sqlite": ("row",),
+    }[store]
     return {
         *(f"{store}.pair.d{d}.vs_{b}" for d in DEPTHS for b in baselines),
         *(f"{store}.requests.d{d}" for d in DEPTHS),
