@@ -9,9 +9,35 @@ from typing import Any
 
 from django_esdlock.noida import elasticsearch_url, free_port, local_elasticsearch
 
-__all__ = ["ES_BACKEND", "elasticsearch_url", "es_config", "es_store", "free_port", "local_elasticsearch"]
+__all__ = [
+    "ES_BACKEND",
+    "elasticsearch_url",
+    "es_config",
+    "es_store",
+    "free_port",
+    "local_elasticsearch",
+    "node_source",
+    "tree_request",
+]
 
 ES_BACKEND = "django_esdlock.backends.elasticsearch.ElasticsearchLockBackend"
+
+
+def tree_request(*targets: tuple[str, str], ttl: float = 30.0) -> Any:
+    """A request of this thread for tree nodes of namespace ``fs``: ``tree_request(("/a", "IX"), ("/a/b", "X"))``."""
+    from django_esdlock.modes import Mode
+    from django_esdlock.records import Kind, LockRequest, Node, Owner
+
+    nodes = tuple((Node("fs", Kind.TREE, path), Mode(mode)) for path, mode in targets)
+    return LockRequest(uuid.uuid4().hex, Owner.current(), nodes, ttl)
+
+
+def node_source(backend: Any, key: str) -> dict | None:
+    """The document of tree node ``key`` of namespace ``fs`` in ``backend``'s lock index, as it is now (None: none)."""
+    from django_esdlock.records import Kind, Node
+
+    response = backend.client.options(ignore_status=404).get(index=backend.index, id=Node("fs", Kind.TREE, key).id)
+    return response["_source"] if response.get("found") else None
 
 
 def es_config(url: str, *, ttl: float = 30.0) -> dict:

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 
 import pytest
 
 from django_esdlock.backends.elasticsearch.maintenance import STALE_MARGIN_S
-from django_esdlock.modes import Mode
 from django_esdlock.reaper import Reaper
-from django_esdlock.records import Kind, LockRequest, Node, Owner
+from django_esdlock.records import Kind, Node, Owner
 
 from .expiry import expire
 from .stores import es_backend
+from .stores import node_source as source
+from .stores import tree_request as tree
 
 OWNER = Owner.current()
 HOUR_MS = 3_600_000
@@ -24,15 +24,6 @@ HOUR_MS = 3_600_000
 def backend(es_url):
     with es_backend(es_url) as backend:
         yield backend
-
-
-def tree(*targets):
-    return LockRequest(uuid.uuid4().hex, OWNER, tuple((Node("fs", Kind.TREE, p), Mode(m)) for p, m in targets), 30)
-
-
-def source(backend, key):
-    response = backend.client.options(ignore_status=404).get(index=backend.index, id=Node("fs", Kind.TREE, key).id)
-    return response["_source"] if response.get("found") else None
 
 
 def test_uncontended_pair_leaves_nothing_behind(backend):

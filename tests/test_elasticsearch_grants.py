@@ -14,12 +14,11 @@ from django_esdlock.backends.elasticsearch.grants import DEFAULT_PIPELINE, pipel
 from django_esdlock.conf import load_backend
 from django_esdlock.exceptions import InvalidLockBackend
 from django_esdlock.locks import global_lock, lock_tree
-from django_esdlock.modes import Mode
-from django_esdlock.records import Kind, LockRequest, Node, Owner
+from django_esdlock.records import Kind, Node
 
 from .stores import ES_BACKEND, es_store
-
-OWNER = Owner.current()
+from .stores import node_source as source
+from .stores import tree_request as tree
 
 
 @pytest.fixture
@@ -56,15 +55,6 @@ def recorded(backend):
 
     backend.perform = recording
     return sent
-
-
-def tree(*targets):
-    return LockRequest(uuid.uuid4().hex, OWNER, tuple((Node("fs", Kind.TREE, p), Mode(m)) for p, m in targets), 30)
-
-
-def source(backend, key):
-    response = backend.client.options(ignore_status=404).get(index=backend.index, id=Node("fs", Kind.TREE, key).id)
-    return response["_source"] if response.get("found") else None
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from django_esdlock.records import Kind, LockRequest, Node, Owner
 
 from .expiry import expire
 from .stores import es_backend
+from .stores import node_source as source
 
 OWNER = Owner.current()
 
@@ -30,11 +31,6 @@ def backend(es_url):
 
 def shared(path, ttl=30.0):
     return LockRequest(uuid.uuid4().hex, OWNER, ((Node("fs", Kind.TREE, path), Mode.S),), ttl)
-
-
-def source(backend, key):
-    response = backend.client.options(ignore_status=404).get(index=backend.index, id=Node("fs", Kind.TREE, key).id)
-    return response["_source"] if response.get("found") else None
 
 
 def test_a_release_run_again_on_a_node_that_stays_is_not_lost(backend):
