@@ -56,6 +56,7 @@ def expected_keys(store: str) -> set[str]:
         f"{store}.global.contention",
         f"{store}.contention.pairs",
         f"{store}.contention.longest_wait",
+        f"{store}.contention.own_leaves",
         f"{store}.writer_wait",
         f"{store}.deadlock.p50",
         f"{store}.deadlock.p99",

@@ -36,6 +36,8 @@ WAKE_PATH = "/wakeup"
 WAKE_WARMUP_ROUNDS = 3
 HOT_PATHS = [f"/hot/sub/dir/leaf{k}" for k in range(4)]
 """Contention: four leaves of one subtree (depth 4), so workers both share ancestors and collide on leaves."""
+OWN_LEAF_PARENT = "/hot/sub/dir"
+"""The parent of the contention figure's leaves: its processes share the ancestors of ``HOT_PATHS``."""
 CHURN_PATHS = [f"/a/{k}/leaf" for k in range(16)]
 CHURN_HOLD = 0.01
 WRITER_ROUNDS = 3
@@ -196,16 +198,38 @@ def _contend(kit: StoreKit, pool: WorkerPool, workers: int, seconds: float) -> t
     return sum(r["pairs"] for r in results) / (stop_at - began), waits
 
 
+def _contend_own_leaves(kit: StoreKit, pool: WorkerPool, workers: int, seconds: float) -> float:
+    stop_at = time.monotonic() + seconds
+    each = [
+        {"paths": [f"{OWN_LEAF_PARENT}/own{k}"], "namespace": NAMESPACE, "stop_at": stop_at} for k in range(workers)
+    ]
+    results = pool.run_each("contend", kit.config, each)
+    began = min(r["began"] for r in results)
+    return sum(r["pairs"] for r in results) / (stop_at - began)
+
+
 def contention(kit: StoreKit, pool: WorkerPool, workers: int, seconds: float, say: Say) -> list[Figure]:
     """``workers`` processes hammering four leaves of one subtree: pairs/s against one process, longest wait.
 
     The longest wait is held against a fair turn: the time for every worker
-    to get the lock once at the measured rate (workers / pairs/s).
+    to get the lock once at the measured rate (workers / pairs/s). A third
+    figure gives each process a leaf of its own under the same subtree: what
+    sharing the ancestors costs without a wait on a leaf.
     """
     say(f"{kit.name}: {workers} processes on one subtree")
     solo_rate, _ = _contend(kit, pool, 1, seconds)
     rate, waits = _contend(kit, pool, workers, seconds)
+    own_rate = _contend_own_leaves(kit, pool, workers, seconds)
     return [
+        Figure(
+            key=f"{kit.name}.contention.own_leaves",
+            backend=kit.name,
+            label=f"{workers} processes, a leaf each under one subtree, pairs/s",
+            value=own_rate,
+            unit="/s",
+            baseline_label="1 process, same subtree",
+            baseline=solo_rate,
+        ),
         Figure(
             key=f"{kit.name}.contention.pairs",
             backend=kit.name,
