@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from django_esdlock.backends.elasticsearch import scripts
+from django_esdlock.backends.elasticsearch import grants, scripts
 from django_esdlock.backends.elasticsearch.grants import DEFAULT_PIPELINE, pipeline_body
 from django_esdlock.conf import load_backend
 from django_esdlock.exceptions import InvalidLockBackend
@@ -268,3 +268,28 @@ def test_a_bulk_that_joins_a_known_node_takes_its_fresh_ones_with_the_scripted_u
     finally:
         first.close()
         second.close()
+
+
+def test_a_pipeline_whose_creates_keep_failing_is_given_up(own_pipeline, monkeypatch, caplog):
+    # Installed and "ours", yet every create through it fails: after the second, fresh nodes go back to the script.
+    failing = {"version": 1, "processors": [{"script": {"lang": "painless", "source": "ctx.x = ctx.missing.length()"}}]}
+    monkeypatch.setattr(grants, "pipeline_body", lambda: failing)
+    backend = load_backend(own_pipeline)
+    try:
+        sent = recorded(backend)
+        for path in ("/f1", "/f2", "/f3"):
+            with caplog.at_level(logging.WARNING, logger="django_esdlock"):
+                grant = backend.acquire(tree((path, "X")))
+            assert grant is not None
+            assert backend.release(grant) is True
+        # /f1: the create fails, ACQUIRE takes the node, RELEASE gives it back; /f2: the same, and the pipeline is
+        # given up; /f3: the scripted upsert creates it at once, and it is deleted (RELEASE behind the delete).
+        assert [[verb for verb, _, _ in bulk] for bulk in sent] == [
+            *(["create"], ["update"], ["update"]) * 2,
+            ["update"],
+            ["delete", "update"],
+        ]
+        assert backend._pipeline is None and "fail" in backend._pipeline_why
+        assert "taken with a scripted upsert" in caplog.text
+    finally:
+        backend.close()

@@ -53,6 +53,9 @@ PIPELINE_VERSION = 1
 DEFAULT_PIPELINE = f"esdlock-grant-v{PIPELINE_VERSION}"
 """``OPTIONS['grant_pipeline']``'s default id."""
 
+PIPELINE_STRIKES = 2
+"""Failed creates through the pipeline, with no create working between them, after which a backend gives it up."""
+
 
 def pipeline_body() -> dict[str, Any]:
     """Return the grant pipeline as ``PUT _ingest/pipeline/<id>`` takes it."""
@@ -89,6 +92,8 @@ class GrantPipeline:
         self._pipeline_checked = grant_pipeline is None
         """Whether the pipeline was verified (or given up on) since setup or its last failure."""
         self._pipeline_why = "OPTIONS['grant_pipeline'] is None" if grant_pipeline is None else ""
+        self._pipeline_strikes = 0
+        """Creates through the pipeline that failed since one last worked (see :meth:`_pipeline_failed`)."""
 
     def _pipeline_facts_steps(self) -> Steps[tuple[int, Any]]:
         """Read how many nodes have the ingest role, and the grant pipeline as installed (None if it is not)."""
@@ -130,10 +135,25 @@ class GrantPipeline:
             logger.warning("Fresh lock nodes are taken with a scripted upsert, not create: %s", why)
 
     def _pipeline_failed(self, reason: str) -> None:
-        """A ``create`` through the pipeline failed (it may have been deleted): verify it again before the next."""
+        """A ``create`` through the pipeline failed: verify it again before the next (it may have been deleted).
+
+        When creates fail again right after it was verified, give it up:
+        fresh nodes are then taken with the scripted upsert, as without it.
+        """
         with self._sole_lock:
-            self._pipeline, self._pipeline_checked = None, False
-        logger.warning("A create through the grant pipeline failed (%s): the pipeline is checked again", reason)
+            self._pipeline_strikes += 1
+            given_up = self._pipeline_strikes >= PIPELINE_STRIKES
+            self._pipeline, self._pipeline_checked = None, given_up
+            if given_up:
+                self._pipeline_why = f"creates through ingest pipeline {self.grant_pipeline!r} fail: {reason}"
+        if given_up:
+            logger.warning("Fresh lock nodes are taken with a scripted upsert, not create: %s", self._pipeline_why)
+        else:
+            logger.warning("A create through the grant pipeline failed (%s): the pipeline is checked again", reason)
+
+    def _pipeline_worked(self) -> None:
+        """A ``create`` through the pipeline took its node: it works."""
+        self._pipeline_strikes = 0
 
     def _fresh_item(
         self, node: Node, mode: modes.Mode, holder: dict[str, Any], request: LockRequest, *, plain: bool = True

@@ -156,11 +156,11 @@ class Protocol:
         return await adrive(self._acquire_steps(request), self.aperform)
 
     def _acquire_steps(self, request: LockRequest) -> Steps[Grant | None]:
-        """Create the nodes that do not exist (CREATE), then take the others (ACQUIRE), all or nothing.
+        """Create the nodes that do not exist (``create``), then take the others (ACQUIRE), all or nothing.
 
-        Uncontended, every node is fresh and the first ``_bulk`` is the only
-        one; its short script is what makes it cheap. A node CREATE finds
-        existing (a no-op) goes to ACQUIRE in a second ``_bulk``; nodes this
+        Uncontended, every node is fresh and the first ``_bulk``, of plain
+        ``create``s (see :mod:`.grants`), is the only one. A node a ``create``
+        finds existing goes to ACQUIRE in a second ``_bulk``; nodes this
         backend lately found existing (shared ancestors, contended leaves) go
         to ACQUIRE in the first. A waiting request tries the nodes that refused
         it last time on their own first: while they still refuse, a poll
@@ -237,6 +237,8 @@ class Protocol:
             found = answers.fresh_node_exists(item)
             if found is None:
                 created.append((target, item))
+                if answers.result(item) == "created" and "create" in item:
+                    self._pipeline_worked()
                 continue
             existing.append(target)
             if found == "failed":
@@ -373,7 +375,8 @@ class Protocol:
         )
 
     def queued_poll_interval(self, request: LockRequest) -> float:
-        """The head of a queue polls as often as a poll takes to answer; each request before this one doubles that.
+        """The head of a queue polls as often as a poll takes to answer; the others every ``queued_poll_cap``,
+        doubled for each request before them.
 
         Elasticsearch tells no one of a write, so a waiter learns of a release
         by its next try: the head of a queue pauses about one try's answer
@@ -386,8 +389,11 @@ class Protocol:
         """
         with self._sole_lock:
             _, ahead = self._blocked.get(request.holder_id, ((), 0))
-        head = min(self.queued_poll_cap, max(HEAD_POLL_FLOOR, self._acquire_rtt))
-        return min(self._marker_ttl_ms() / 3000, head * 2 ** min(ahead, 16))
+        if ahead == 0:
+            pause = min(self.queued_poll_cap, max(HEAD_POLL_FLOOR, self._acquire_rtt))
+        else:
+            pause = self.queued_poll_cap * 2 ** min(ahead, 16)
+        return min(self._marker_ttl_ms() / 3000, pause)
 
     def _marker_ttl_ms(self) -> int:
         """The lease of a waiting marker: :attr:`marker_ttl`, or longer while the store is slow to answer.
