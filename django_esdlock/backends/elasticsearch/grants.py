@@ -53,6 +53,9 @@ PIPELINE_VERSION = 1
 DEFAULT_PIPELINE = f"esdlock-grant-v{PIPELINE_VERSION}"
 """``OPTIONS['grant_pipeline']``'s default id."""
 
+REFUSALS = ("security_exception", "cluster_block_exception")
+"""Errors that mean these credentials (or a read-only cluster) may not do it: fall back, do not fail the lock."""
+
 PIPELINE_STRIKES = 2
 """Failed creates through the pipeline, with no create working between them, after which a backend gives it up."""
 
@@ -115,16 +118,22 @@ class GrantPipeline:
         if self._pipeline_checked:
             return
         name = self.grant_pipeline
-        ingest_nodes, found = yield from self._pipeline_facts_steps()
         why = ""
-        if not ingest_nodes:
+        try:
+            ingest_nodes, found = yield from self._pipeline_facts_steps()
+        except LockBackendUnavailable as e:
+            if error_type(e) not in REFUSALS:
+                raise
+            ingest_nodes, found = -1, None
+            why = "these credentials may not read the nodes' roles or the ingest pipelines"
+        if ingest_nodes == 0:
             why = "no node of the cluster has the ingest role"
-        elif not is_ours(found):
+        elif ingest_nodes > 0 and not is_ours(found):
             put = StoreCall("ingest.put_pipeline", {"id": name, **pipeline_body()})
             try:
                 yield from self._call_steps("install the grant pipeline", put, retry_for=0)
             except LockBackendUnavailable as e:
-                if error_type(e) not in ("security_exception", "cluster_block_exception"):
+                if error_type(e) not in REFUSALS:
                     raise
                 why = f"these credentials may not install ingest pipeline {name!r}, and it is not installed"
         with self._sole_lock:
@@ -178,11 +187,15 @@ class GrantPipeline:
             return []  # meant: the scripted upsert
         try:
             ingest_nodes, found = drive(self._pipeline_facts_steps(), self.perform)
-        except LockBackendUnavailable:
-            return []  # the store's own error says it (django_esdlock.E002)
-        if ingest_nodes and (found is None or is_ours(found)):
+        except LockBackendUnavailable as e:
+            if error_type(e) not in REFUSALS:
+                return []  # the store's own error says it (django_esdlock.E002)
+            ingest_nodes, found = -1, None
+        if ingest_nodes > 0 and (found is None or is_ours(found)):
             return []  # installed, or installed by the first write
-        if not ingest_nodes:
+        if ingest_nodes < 0:
+            why = "these credentials may not read the nodes' roles or the ingest pipelines"
+        elif not ingest_nodes:
             why = "no node of the cluster has the ingest role"
         else:
             why = f"ingest pipeline {self.grant_pipeline!r} is not this release's (the first write replaces it)"
