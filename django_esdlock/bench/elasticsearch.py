@@ -43,9 +43,6 @@ class ElasticsearchKit(StoreKit):
         self.index: str = config["OPTIONS"]["index"]
         self.naive_index = f"{self.index}-naive"
         self._naive_ready = False
-        scripted = {**config, "OPTIONS": {**config["OPTIONS"], "grant_pipeline": None}}
-        self.scripted_backend = load_backend(scripted)
-        """The same lock index, fresh nodes taken with the scripted upsert instead of ``create``."""
 
     @property
     def client(self) -> Any:
@@ -91,6 +88,11 @@ class ElasticsearchKit(StoreKit):
         deletes = [{"delete": {"_index": self.index, "_id": f"bench-raw-{i}"}} for i in range(count)]
         if self.client.bulk(operations=deletes)["errors"]:
             raise RuntimeError("the raw bulk delete failed")
+
+    @functools.cached_property
+    def scripted_backend(self) -> Any:
+        """The same lock index, fresh nodes taken with the scripted upsert instead of ``create`` (made at first use)."""
+        return load_backend({**self.config, "OPTIONS": {**self.config["OPTIONS"], "grant_pipeline": None}})
 
     def scripted_pair(self, path: str) -> None:
         """The lock pair of the figure, its fresh nodes taken with the scripted upsert (no grant pipeline)."""
@@ -183,5 +185,6 @@ class ElasticsearchKit(StoreKit):
         }
 
     def close(self) -> None:
-        self.scripted_backend.close()
+        if "scripted_backend" in self.__dict__:
+            self.scripted_backend.close()
         super().close()

@@ -91,11 +91,11 @@ def read_acquire_items(
         error = body.get("error")
         if error:
             if body.get("status") in BUSY_STATUSES:
-                outcome.busy.append(f"{node}: {error.get('type')}: {error.get('reason')}")
+                outcome.busy.append(f"{node}: {described(error)}")
             elif body.get("status") == 409 or error.get("type") == "version_conflict_engine_exception":
                 outcome.refused.append(node)
             else:
-                outcome.errors.append(f"{node}: {error.get('type')}: {error.get('reason')}")
+                outcome.errors.append(f"{node}: {described(error)}")
             continue
         answered = body.get("result")
         source = body.get("get", {}).get("_source")
@@ -146,10 +146,14 @@ def fresh_node_exists(item: Mapping[str, Any]) -> str | None:
     return None
 
 
+def described(error: Mapping[str, Any]) -> str:
+    """Return an Elasticsearch error object as ``type: reason``."""
+    return f"{error.get('type')}: {error.get('reason')}"
+
+
 def item_error(item: Mapping[str, Any]) -> str:
     """Return the error of a ``_bulk`` item as ``type: reason``."""
-    error = next(iter(item.values())).get("error") or {}
-    return f"{error.get('type')}: {error.get('reason')}"
+    return described(next(iter(item.values())).get("error") or {})
 
 
 def _note_full(outcome: AcquireOutcome, node: Node, source: Mapping[str, Any] | None, max_holders: int | None) -> None:

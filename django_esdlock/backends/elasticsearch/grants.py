@@ -56,6 +56,9 @@ DEFAULT_PIPELINE = f"esdlock-grant-v{PIPELINE_VERSION}"
 REFUSALS = ("security_exception", "cluster_block_exception")
 """Errors that mean these credentials (or a read-only cluster) may not do it: fall back, do not fail the lock."""
 
+UNREADABLE = "these credentials may not read the nodes' roles or the ingest pipelines"
+NO_INGEST_NODE = "no node of the cluster has the ingest role"
+
 PIPELINE_STRIKES = 2
 """Failed creates through the pipeline, with no create working between them, after which a backend gives it up."""
 
@@ -99,12 +102,20 @@ class GrantPipeline:
         """Creates through the pipeline that failed since one last worked (see :meth:`_pipeline_failed`)."""
 
     def _pipeline_facts_steps(self) -> Steps[tuple[int, Any]]:
-        """Read how many nodes have the ingest role, and the grant pipeline as installed (None if it is not)."""
+        """Read how many nodes have the ingest role, and the grant pipeline as installed (None if it is not).
+
+        -1 nodes: these credentials may not read them (see :data:`REFUSALS`).
+        """
         name = self.grant_pipeline
         ingest = StoreCall("nodes.info", {"node_id": "ingest:true", "metric": "ingest", "filter_path": "_nodes"})
-        total = ((yield from self._call_steps("count the ingest nodes", ingest)).get("_nodes") or {}).get("total")
         get = StoreCall("ingest.get_pipeline", {"id": name}, options={"ignore_status": 404})
-        found = (yield from self._call_steps("read the grant pipeline", get)).get(name)
+        try:
+            total = ((yield from self._call_steps("count the ingest nodes", ingest)).get("_nodes") or {}).get("total")
+            found = (yield from self._call_steps("read the grant pipeline", get)).get(name)
+        except LockBackendUnavailable as e:
+            if error_type(e) not in REFUSALS:
+                raise
+            return -1, None
         return int(total or 0), found
 
     def _grant_pipeline_steps(self) -> Steps[None]:
@@ -118,17 +129,9 @@ class GrantPipeline:
         if self._pipeline_checked:
             return
         name = self.grant_pipeline
-        why = ""
-        try:
-            ingest_nodes, found = yield from self._pipeline_facts_steps()
-        except LockBackendUnavailable as e:
-            if error_type(e) not in REFUSALS:
-                raise
-            ingest_nodes, found = -1, None
-            why = "these credentials may not read the nodes' roles or the ingest pipelines"
-        if ingest_nodes == 0:
-            why = "no node of the cluster has the ingest role"
-        elif ingest_nodes > 0 and not is_ours(found):
+        ingest_nodes, found = yield from self._pipeline_facts_steps()
+        why = UNREADABLE if ingest_nodes < 0 else NO_INGEST_NODE if ingest_nodes == 0 else ""
+        if ingest_nodes > 0 and not is_ours(found):
             put = StoreCall("ingest.put_pipeline", {"id": name, **pipeline_body()})
             try:
                 yield from self._call_steps("install the grant pipeline", put, retry_for=0)
@@ -187,16 +190,14 @@ class GrantPipeline:
             return []  # meant: the scripted upsert
         try:
             ingest_nodes, found = drive(self._pipeline_facts_steps(), self.perform)
-        except LockBackendUnavailable as e:
-            if error_type(e) not in REFUSALS:
-                return []  # the store's own error says it (django_esdlock.E002)
-            ingest_nodes, found = -1, None
+        except LockBackendUnavailable:
+            return []  # the store's own error says it (django_esdlock.E002)
         if ingest_nodes > 0 and (found is None or is_ours(found)):
             return []  # installed, or installed by the first write
         if ingest_nodes < 0:
-            why = "these credentials may not read the nodes' roles or the ingest pipelines"
+            why = UNREADABLE
         elif not ingest_nodes:
-            why = "no node of the cluster has the ingest role"
+            why = NO_INGEST_NODE
         else:
             why = f"ingest pipeline {self.grant_pipeline!r} is not this release's (the first write replaces it)"
         return [
