@@ -1,5 +1,7 @@
 """Locks shared through Elasticsearch or a SQL database: tree, document and global."""
 
+from importlib import metadata
+
 from .aio import AsyncLock, aglobal_lock, alock_documents, alock_tree
 from .conf import get_backend
 from .exceptions import (
@@ -45,4 +47,7 @@ __all__ = [
     "resume_lock",
 ]
 
-__version__ = "0.1.0"
+try:
+    __version__ = metadata.version("django-esdlock")  # pyproject.toml is the one source
+except metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"

@@ -160,7 +160,7 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
         self._renewed(started)
 
     async def handoff(self, ttl: float | None = None) -> str:
-        """Async :meth:`Lock.handoff <django_esdlock.locks.Lock.handoff>`: return a ticket for ``aresume_lock``."""
+        """Async :meth:`Lock.handoff <django_esdlock.Lock.handoff>`: return a ticket for ``aresume_lock``."""
         ttl = validate_ttl(ttl)
         self.check()
         timeout = self._call_timeout()

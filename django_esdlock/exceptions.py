@@ -12,7 +12,7 @@ from .redaction import redact
 class LockError(Exception):
     """Base class of every django-esdlock error; do not raise directly.
 
-    Its message is redacted (:func:`~django_esdlock.redaction.redact`): no
+    Its message is redacted (``django_esdlock.redaction.redact``): no
     password, key or token of the settings reaches a traceback, a log or a page.
     """
 
@@ -35,7 +35,7 @@ class LockLost(LockError):
 class LockDeadlock(LockError):
     """Waiting would never end: the caller waits for itself, or for owners that wait for it.
 
-    ``cycle`` is the :class:`~django_esdlock.deadlock.Cycle` of owners whose
+    ``cycle`` is the ``django_esdlock.deadlock.Cycle`` of owners whose
     youngest request this was (None when the caller would wait for itself).
     The request took nothing; the caller should release what it holds.
     """

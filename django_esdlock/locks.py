@@ -175,7 +175,18 @@ def lock_tree(
     intent: Mapping[str, Any] | None = None,
     backend: BaseLockBackend | None = None,
 ) -> Lock:
-    """Lock ``path`` and the subtree below it: X on it (S if ``shared``), IX (IS) on its ancestors."""
+    """Lock ``path`` and the subtree below it: X on it (S if ``shared``), IX (IS) on its ancestors.
+
+    :param path: An absolute ``/``-separated path (:exc:`~django_esdlock.InvalidLockPath` otherwise).
+    :param shared: S instead of X: readers share the subtree, and exclude writers.
+    :param timeout: Seconds to wait for the grant: ``None`` waits as long as it takes, ``0`` never waits
+        (:exc:`~django_esdlock.LockUnavailable` at once); past it, :exc:`~django_esdlock.LockTimeout`.
+    :param ttl: Seconds of the lease (renewed in the background while held); default ``LOCK_BACKEND["TTL"]``.
+    :param backend: A backend of its own (tests, a second store); default :func:`~django_esdlock.get_backend`.
+    :param namespace: The lock space; the same path in two namespaces is two unrelated locks.
+    :param intent: What the holder is about to do (a JSON-able dict, kept with the lock): if the holder dies,
+        ``reap_locks`` hands it to the recovery handler registered for it.
+    """
     targets = tree_targets(path, shared=shared, namespace=namespace, intent=intent)
     return Lock(targets, timeout=timeout, ttl=ttl, intent=intent, backend=backend)
 
@@ -187,7 +198,14 @@ def global_lock(
     ttl: float | None = None,
     backend: BaseLockBackend | None = None,
 ) -> Lock:
-    """Lock one named lock exclusively: the chapter's global lock."""
+    """Lock one named lock exclusively: the chapter's global lock.
+
+    :param name: The lock's name; every ``global_lock`` of the same name excludes the others.
+    :param timeout: Seconds to wait for the grant: ``None`` waits as long as it takes, ``0`` never waits
+        (:exc:`~django_esdlock.LockUnavailable` at once); past it, :exc:`~django_esdlock.LockTimeout`.
+    :param ttl: Seconds of the lease (renewed in the background while held); default ``LOCK_BACKEND["TTL"]``.
+    :param backend: A backend of its own (tests, a second store); default :func:`~django_esdlock.get_backend`.
+    """
     return Lock(global_targets(name), timeout=timeout, ttl=ttl, backend=backend)
 
 
@@ -199,6 +217,14 @@ def lock_documents(
     ttl: float | None = None,
     backend: BaseLockBackend | None = None,
 ) -> Lock:
-    """Lock many document ids at once, all or nothing; ids this thread holds already are kept."""
+    """Lock many document ids at once, all or nothing; ids this thread holds already are kept.
+
+    :param ids: The document ids (at most ``LOCK_BACKEND["MAX_IDS_PER_REQUEST"]``, 1,000 by default).
+    :param namespace: The lock space (e.g. the index the documents live in).
+    :param timeout: Seconds to wait for the grant: ``None`` waits as long as it takes, ``0`` never waits
+        (:exc:`~django_esdlock.LockUnavailable` at once); past it, :exc:`~django_esdlock.LockTimeout`.
+    :param ttl: Seconds of the lease (renewed in the background while held); default ``LOCK_BACKEND["TTL"]``.
+    :param backend: A backend of its own (tests, a second store); default :func:`~django_esdlock.get_backend`.
+    """
     targets = document_targets(ids, namespace=namespace)
     return Lock(targets, timeout=timeout, ttl=ttl, reentrant=True, backend=backend)

@@ -12,9 +12,9 @@ The rules, for one request (all or nothing) and each node it asks for:
    request's own holder id never counts: a retry of the same request replaces
    it.
 2. **Modes.** A counting holder blocks the node if its mode is not compatible
-   with the asked one (:data:`django_esdlock.modes` has the one table).
+   with the asked one (``django_esdlock.modes`` has the one table).
 3. **Reentry.** A reentrant request (document locks) counts as taken a node
-   it may reenter (:meth:`LockRequest.may_reenter`: one a lock of its thread
+   it may reenter (``LockRequest.may_reenter()``: one a lock of its thread
    or task holds) where its owner holds a live entry in the same mode; it
    writes nothing there and that node is not among those it takes.
 4. **Queues.** A live waiting marker of another request, in a mode that

@@ -273,7 +273,7 @@ class BaseLockBackend(abc.ABC):
         """Remove holder ``holder_id`` from ``nodes`` whoever owns it now; True if it was on all.
 
         Unconditional: a holder renewed or claimed since it was read goes too.
-        The reaper and the admin use :func:`django_esdlock.reaper.release_if_unchanged`.
+        The reaper and the admin use ``django_esdlock.reaper.release_if_unchanged()``.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot force a release")
 

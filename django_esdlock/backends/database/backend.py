@@ -124,7 +124,7 @@ class DatabaseLockBackend(BaseLockBackend):
     OPTIONS: exactly one of ``using`` (a ``DATABASES`` alias) or ``url`` (a
     ``postgres://`` or ``sqlite:///`` URL, as django-environ reads it);
     ``token_floor``: every fencing token exceeds it (after a restore that
-    rewound the token counter: see "Restoring a lock store" in the README).
+    rewound the token counter: see "Restoring a lock store" in docs/howto/operating.md).
     PostgreSQL and SQLite are supported. Lock state lives on connections of
     the backend's own, one per thread, in autocommit (with short explicit
     transactions where the dialect needs them): never on the caller's
@@ -482,7 +482,7 @@ class DatabaseLockBackend(BaseLockBackend):
         """Before this backend's first grant: make the token counter give only tokens above OPTIONS ``token_floor``.
 
         After a restore that rewound the counter (see "Restoring a lock store"
-        in the README). Once per backend: the counter only grows from then.
+        in docs/howto/operating.md). Once per backend: the counter only grows from then.
         """
         if self._floor_raised:
             return

@@ -52,7 +52,7 @@ class ElasticsearchLockBackend(IndexSetup, Maintenance, GrantPipeline, Protocol,
     that keeps that many refuses newcomers as a conflict would, until holders
     leave; default 10,000, Elasticsearch's ``index.mapping.nested_objects.limit``),
     ``token_floor`` (every fencing token exceeds it: see "Restoring a lock
-    store" in the README; default 0), ``grant_pipeline`` (the ingest pipeline
+    store" in docs/howto/operating.md; default 0), ``grant_pipeline`` (the ingest pipeline
     that stamps the lease of a node taken with a plain ``create``, installed
     at setup; None: take fresh nodes with a scripted upsert; default
     ``"esdlock-grant-v1"``, see :mod:`.grants`) and any keyword of

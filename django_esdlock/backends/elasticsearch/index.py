@@ -518,7 +518,7 @@ class IndexSetup:
                         "if it is lost, fencing tokens may go back.",
                         hint="When no lock is held, delete it (the backend then creates the alias and its index), or "
                         "set OPTIONS['token_floor'] above the highest token given out: the next process replaces "
-                        "it (see 'Restoring a lock store' in the README).",
+                        "it (see 'Restoring a lock store' in the operating docs).",
                         id="django_esdlock.W008",
                     )
                 )
