@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from io import StringIO
 
@@ -26,6 +27,9 @@ SHORT = {"seconds": 5.0, "processes": 3, "ttl": 1.0}
 
 LONG = {"seconds": 60.0, "processes": 6, "ttl": 1.0}
 """The long run: a minute of every fault the store supports, more processes."""
+
+LINKS = {"seconds": 9.0, "processes": 3, "ttl": 1.0}
+"""Short mode of the link, clock and restart faults: each of three injected at least once (1-2 leases each)."""
 
 
 def run_seed() -> int:
@@ -70,6 +74,171 @@ def test_every_store_keeps_its_claims_for_a_minute_of_every_fault(lock_check, sh
     for kind, result in results.items():
         assert kind in result.backend.lower(), result.backend
         assert_claims_kept(result, seed, pauses=3, kills=3)
+
+
+NETWORK_AND_CLOCK = ("blackhole", "latency", "clock")
+"""The faults of links and clocks, in a short run of their own: each is injected at least once."""
+
+
+@pytest.mark.slow
+def test_every_store_keeps_its_claims_under_black_holes_slow_links_and_skewed_clocks(lock_check, store_config):
+    seed = run_seed()
+    result = lock_check({**store_config, "DEADLOCK_TIMEOUT": 0.3}, seed=seed, faults=NETWORK_AND_CLOCK, **LINKS)
+    replay = f"seed {seed} (replay: ESDLOCK_LOCK_CHECK_SEED={seed})"
+    assert result.ok, f"{replay}\n{result.report()}"
+    summary = result.summary
+    assert summary["grants"] > 10 and summary["leftovers"] == 0, f"{replay}: {summary}"
+    applies = ["clock"] if "sqlite" in result.backend.lower() else list(NETWORK_AND_CLOCK)
+    assert set(result.skipped) == set(NETWORK_AND_CLOCK) - set(applies), result.skipped
+    for fault in applies:  # each injected, for about a lease or more
+        assert summary["faults"][fault] >= 1 and summary["fault_seconds"][fault] >= 0.9, f"{replay}: {summary}"
+    assert f"clock {summary['faults']['clock']} (" in result.report()
+
+
+@pytest.mark.slow
+def test_postgres_restarted_mid_run_keeps_the_claims(lock_check, django_db_blocker):
+    """``pg_ctl restart -m immediate`` under the workload: clients cut off, the server recovers, the claims hold.
+
+    On PostgreSQL's own durability settings: a commit is acknowledged once it is on disk (see the next test).
+    """
+    import psycopg
+
+    from .restartable_postgres import restartable_postgres
+
+    seed = run_seed()
+    with django_db_blocker.unblock(), restartable_postgres() as (url, restart):
+        with psycopg.connect(url) as connection:
+            started = connection.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
+        result = lock_check(url, seed=seed, faults=("store-restart",), store_restart=restart, **LINKS)
+        with psycopg.connect(url) as connection:
+            restarted = connection.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
+    replay = f"seed {seed} (replay: ESDLOCK_LOCK_CHECK_SEED={seed})"
+    assert result.ok, f"{replay}\n{result.report()}"
+    summary = result.summary
+    assert summary["faults"]["store-restart"] >= 1 and restarted > started, f"{replay}: {summary}"
+    assert summary["grants"] > 10 and summary["leftovers"] == 0, f"{replay}: {summary}"
+    failed = [e for e in result.events if e["type"] == "store_restarted" and e.get("exitcode") != 0]
+    assert not failed, failed
+
+
+@pytest.mark.slow
+def test_the_checker_catches_a_restarted_store_that_lost_acknowledged_commits(lock_check, django_db_blocker):
+    """The same run on a server that acknowledges commits before they are on disk: a crash loses some."""
+    import psycopg
+
+    from django_esdlock.conf import load_backend
+
+    from .restartable_postgres import restartable_postgres
+
+    seed = run_seed()
+    with django_db_blocker.unblock(), restartable_postgres(durable=False) as (url, restart):
+        backend = load_backend(url)
+        backend.setup()  # the lock tables, on disk before the first crash: what is lost is the run's own commits
+        backend.close()
+        with psycopg.connect(url, autocommit=True) as connection:
+            connection.execute("CHECKPOINT")
+        result = lock_check(url, seed=seed, faults=("store-restart",), store_restart=restart, **LINKS)
+    assert result.summary["faults"]["store-restart"] >= 1
+    assert not result.ok, f"seed {seed}: no violation on a store that loses commits\n{result.report()}"
+
+
+def test_store_restart_and_clock_are_skipped_with_a_reason_when_they_cannot_apply(lock_check, sqlite_url, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        return None if name == "time_machine" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    result = lock_check(sqlite_url, seconds=0.5, processes=1, faults=("clock", "store-restart", "blackhole"))
+    assert "time-machine" in result.skipped["clock"]
+    assert "--store-restart CMD" in result.skipped["store-restart"]
+    assert "blackhole" in result.skipped and result.summary["faults"]["blackhole"] == 0
+    assert "clock" in result.report() and "skipped" in result.report()
+
+
+def test_fault_counts_and_lengths_come_from_the_history():
+    from django_esdlock.checker.checker import summarize
+
+    events = [
+        {"t": 0.0, "type": "blackhole", "process": "nemesis"},
+        {"t": 1.5, "type": "flow", "process": "nemesis"},
+        {"t": 2.0, "type": "latency", "process": "nemesis"},
+        {"t": 3.0, "type": "latency_end", "process": "nemesis"},
+        {"t": 3.0, "type": "pause", "victim": "w0", "process": "nemesis"},
+        {"t": 3.5, "type": "pause", "victim": "w1", "process": "nemesis"},
+        {"t": 4.0, "type": "resume", "victim": "w0", "process": "nemesis"},
+        {"t": 4.0, "type": "kill", "victim": "w2", "process": "nemesis"},
+        {"t": 5.0, "type": "clock", "offsets": [60.0, -60.0], "process": "nemesis"},
+        {"t": 6.0, "type": "resume", "victim": "w1", "process": "nemesis"},
+    ]
+    summary = summarize(events)
+    assert summary["faults"] == {
+        "kill": 1, "pause": 2, "store": 0, "blackhole": 1, "latency": 1, "clock": 1, "store-restart": 0, "failover": 0,
+    }  # fmt: skip
+    seconds = summary["fault_seconds"]
+    assert (seconds["blackhole"], seconds["latency"], seconds["pause"]) == (1.5, 1.0, 3.5)
+    assert seconds["clock"] == 1.0  # still on at the end of the history: counted to its end
+
+
+def test_the_clock_fault_moves_the_wall_clock_alone():
+    import array
+
+    from django_esdlock.checker.workload import ClockSkew
+
+    offsets = array.array("d", [0.0, 0.0])
+    clock = ClockSkew(offsets, 1)
+    try:
+        offsets[1] = -300.0
+        wall, steady = time.time(), time.monotonic()
+        clock.follow()
+        assert abs(time.time() - (wall - 300.0)) < 2.0
+        assert abs(time.monotonic() - steady) < 2.0
+        time.sleep(0.2)  # timed waits are untouched
+        assert time.time() > wall - 300.0 + 0.1  # and the moved clock ticks
+        offsets[1] = 0.0
+        clock.follow()
+        assert abs(time.time() - wall) < 2.0
+    finally:
+        offsets[1] = 0.0
+        clock.follow()
+
+
+def test_the_proxy_slows_each_way_then_goes_fast_again():
+    import socket
+    import threading
+
+    from django_esdlock.checker.proxy import Proxy
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def echo():
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            with conn:
+                while data := conn.recv(100):
+                    conn.sendall(data)
+
+    threading.Thread(target=echo, daemon=True).start()
+    proxy = Proxy("127.0.0.1", server.getsockname()[1])
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client:
+
+            def roundtrip() -> float:
+                started = time.monotonic()
+                client.sendall(b"x")
+                assert client.recv(100) == b"x"
+                return time.monotonic() - started
+
+            assert roundtrip() < 0.2
+            proxy.slow(0.15, 0.2)
+            assert roundtrip() >= 0.3  # both ways: at least 0.15 + 0.15
+            proxy.fast()
+            assert roundtrip() < 0.2
+    finally:
+        proxy.close()
+        server.close()
 
 
 @pytest.fixture

@@ -57,8 +57,21 @@ class Violation:
 
 NODE_EVENTS = ("node_kill", "node_restart", "node_restarted", "cluster_whole")
 """The failover fault's events: an Elasticsearch node killed, its restart started and ended, the cluster whole."""
-STORE_EVENTS = ("cut", "restore", *NODE_EVENTS)
-"""Fault events that touch every process: the store's."""
+LINK_EVENTS = ("blackhole", "flow", "latency", "latency_end", "store_restart", "store_restarted")
+"""The black-hole, latency and store-restart faults' events: each begins and ends a span."""
+STORE_EVENTS = ("cut", "restore", *NODE_EVENTS, *LINK_EVENTS, "clock", "clock_end")
+"""Fault events that touch every process: the store's, and the clock fault (it sets every worker's clock off)."""
+
+FAULT_SPANS = {
+    "pause": ("pause", "resume"),
+    "store": ("cut", "restore"),
+    "blackhole": ("blackhole", "flow"),
+    "latency": ("latency", "latency_end"),
+    "clock": ("clock", "clock_end"),
+    "store-restart": ("store_restart", "store_restarted"),
+    "failover": ("node_kill", "node_restarted"),
+}
+"""Each fault (as ``--faults`` names it) and the events that begin and end one injection of it."""
 
 
 @dataclasses.dataclass
@@ -81,7 +94,7 @@ class Faults:
         exits = []
         for e in events:
             kind = e["type"]
-            if kind in ("pause", "resume", "kill", "cut", "restore", *NODE_EVENTS):
+            if kind in ("pause", "resume", "kill", *STORE_EVENTS):
                 nemesis.append(e)
             if kind == "pause":
                 started[e["victim"]] = e["t"]
@@ -358,14 +371,7 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     for op in workload:
         outcomes["granted" if op.granted else (op.done or {}).get("outcome", "indeterminate")] += 1
     lost = [op for op in workload if op.granted and op.lost is not None]
-    faults: dict[str, int] = {"pause": 0, "kill": 0, "store": 0, "failover": 0}
-    for e in events:
-        if e["type"] in ("pause", "kill"):
-            faults[e["type"]] += 1
-        elif e["type"] == "cut":
-            faults["store"] += 1
-        elif e["type"] == "node_kill":
-            faults["failover"] += 1
+    faults, fault_seconds = _fault_counts(events)
     return {
         "operations": len(workload),
         "grants": sum(op.granted for op in workload),
@@ -380,6 +386,7 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         "recovered": sum(e["type"] == "recovered" for e in events),
         "reaper_passes_failed": sum(e["type"] == "reap_failed" for e in events),
         "faults": faults,
+        "fault_seconds": fault_seconds,
         "kills_holding_intent": sum(e["type"] == "kill" and e.get("holding") == 2 for e in events),
         "leftovers": sum(e["type"] == "leftover" for e in events),
         "nodes_killed": [f"{e['node']} ({e['role']})" for e in events if e["type"] == "node_kill"],
@@ -390,3 +397,23 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
             or (e["type"] == "node_restarted" and e.get("exitcode"))
         ],
     }
+
+
+def _fault_counts(events: list[dict[str, Any]]) -> tuple[dict[str, int], dict[str, float]]:
+    """Return how many times each fault was injected, and for how many seconds in all (a kill has no length)."""
+    counts = {"kill": sum(e["type"] == "kill" for e in events)}
+    seconds: dict[str, float] = {}
+    end = events[-1]["t"] if events else 0.0
+    for fault, (begins, ends) in FAULT_SPANS.items():
+        open_at: dict[Any, float] = {}
+        counts[fault], total = 0, 0.0
+        for e in events:
+            key = e.get("victim") or e.get("node")
+            if e["type"] == begins:
+                counts[fault] += 1
+                open_at[key] = e["t"]
+            elif e["type"] == ends and key in open_at:
+                total += e["t"] - open_at.pop(key)
+        total += sum(end - t for t in open_at.values())  # not ended by the end of the history
+        seconds[fault] = round(total, 3)
+    return counts, seconds

@@ -1,15 +1,31 @@
-"""The nemesis: pauses (SIGSTOP past the lease, then SIGCONT), kills (SIGKILL mid-hold), store cuts, node failovers."""
+"""The nemesis: pauses (SIGSTOP past the lease, then SIGCONT), kills (SIGKILL mid-hold), store cuts, black holes,
+slow links, skewed wall clocks, store restarts and node failovers."""
 
 from __future__ import annotations
 
 import os
 import random
+import shlex
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-FAULTS = ("pause", "kill", "store", "failover")
+FAULTS = ("pause", "kill", "store", "blackhole", "latency", "clock", "store-restart", "failover")
+"""Every fault, in the order a run injects them (each in turn, one at a time)."""
+
+PROXY_FAULTS = ("store", "blackhole", "latency")
+"""The faults of the loopback proxy between the workers and a store reached over TCP."""
+
+LATENCY = (0.02, 0.4)
+"""Seconds the latency fault delays each chunk of bytes, either way: drawn from this range for each."""
+
+CLOCK_OFFSET_MINUTES = (1.0, 10.0)
+"""How far the clock fault sets a worker's wall clock off, either way (signs alternate from worker to worker)."""
+
+STORE_RESTART_TIMEOUT = 120.0
+"""Seconds the ``--store-restart`` command may take before it counts as failed (and is killed)."""
 
 
 class Nemesis:
@@ -32,6 +48,7 @@ class Nemesis:
         workers: Any,
         proxy: Any | None,
         failover: Any | None = None,
+        store_restart: str | None = None,
     ) -> None:
         self.faults = list(faults)
         self.ttl = ttl
@@ -40,8 +57,10 @@ class Nemesis:
         self.workers = workers
         self.proxy = proxy
         self.failover_driver = failover
+        self.store_restart_command = store_restart
         self.injected = dict.fromkeys(FAULTS, 0)
         self._kills = 0
+        self._clock_sign = 1
 
     def run(self, stop_at: float, stopping: Callable[[], bool]) -> None:
         if not self.faults:
@@ -50,7 +69,7 @@ class Nemesis:
         turn = 0
         while not stopping() and time.monotonic() < stop_at - 0.3:
             fault = self.faults[turn % len(self.faults)]
-            if getattr(self, fault)(stopping) is not False:
+            if getattr(self, fault.replace("-", "_"))(stopping) is not False:
                 self.injected[fault] += 1
             turn += 1
             self._sleep(self.rng.uniform(0.3, 1.0) * self.ttl, stopping)
@@ -111,6 +130,68 @@ class Nemesis:
         finally:
             self.proxy.restore()
             self.record("restore")
+
+    def blackhole(self, stopping: Callable[[], bool]) -> None:
+        """Stop forwarding, both ways, for longer than a lease, every socket kept open; then forward again.
+
+        Unlike a cut, nobody is told: a call in flight waits for an answer that
+        does not come, as behind a dropped link or a hung peer.
+        """
+        seconds = self.ttl * self.rng.uniform(1.2, 1.8)
+        self.proxy.black_hole()
+        self.record("blackhole", seconds=seconds)
+        try:
+            self._sleep(seconds, lambda: False)
+        finally:
+            self.proxy.resume()
+            self.record("flow")
+
+    def latency(self, stopping: Callable[[], bool]) -> None:
+        """Delay every chunk of bytes, either way, by 20-400 ms (each drawn anew) for one to two leases."""
+        seconds = self.ttl * self.rng.uniform(1.0, 2.0)
+        self.proxy.slow(*LATENCY)
+        self.record("latency", seconds=seconds, low=LATENCY[0], high=LATENCY[1])
+        try:
+            self._sleep(seconds, lambda: False)
+        finally:
+            self.proxy.fast()
+            self.record("latency_end")
+
+    def clock(self, stopping: Callable[[], bool]) -> None:
+        """Set every worker's wall clock off by minutes, signs alternating, for one to two leases; then right again.
+
+        Only the wall clock (``time.time``, ``datetime.now``): the monotonic
+        clock runs on, as under NTP skew. See ``workload.ClockSkew``.
+        """
+        seconds = self.ttl * self.rng.uniform(1.0, 2.0)
+        slots = len(self.workers.holding())
+        offsets = []
+        for slot in range(slots):
+            sign = self._clock_sign if slot % 2 == 0 else -self._clock_sign
+            offsets.append(round(sign * 60 * self.rng.uniform(*CLOCK_OFFSET_MINUTES), 3))
+        self._clock_sign = -self._clock_sign
+        for slot, offset in enumerate(offsets):
+            self.workers.set_clock(slot, offset)
+        self.record("clock", seconds=seconds, offsets=offsets)
+        try:
+            self._sleep(seconds, lambda: False)
+        finally:
+            for slot in range(slots):
+                self.workers.set_clock(slot, 0.0)
+            self.record("clock_end")
+
+    def store_restart(self, stopping: Callable[[], bool]) -> None:
+        """Run ``--store-restart CMD`` (e.g. ``pg_ctl restart -m immediate``): the store goes down and comes back."""
+        command = self.store_restart_command
+        self.record("store_restart", command=command)
+        try:
+            done = subprocess.run(
+                command, shell=True, capture_output=True, text=True, timeout=STORE_RESTART_TIMEOUT, check=False
+            )
+            exitcode, output = done.returncode, (done.stdout + done.stderr).strip()[-500:]
+        except subprocess.TimeoutExpired:
+            exitcode, output = None, f"still running after {STORE_RESTART_TIMEOUT:g}s: {shlex.quote(command)}"
+        self.record("store_restarted", exitcode=exitcode, output=output if exitcode else "")
 
     def failover(self, stopping: Callable[[], bool]) -> bool:
         """SIGKILL the node of the lock index's primary, or the master, in turn; restart it in the background."""

@@ -27,6 +27,8 @@ class CheckOptions:
     """Shell template that starts a killed Elasticsearch node again (placeholders: see :class:`FailoverCommands`)."""
     failover_kill: str = DEFAULT_KILL
     """Shell template that kills a node (default: SIGKILL of the pid it reports, for nodes on this machine)."""
+    store_restart: str | None = None
+    """Shell command that restarts the store abruptly (e.g. ``pg_ctl restart -m immediate -D DIR``)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.faults) - set(FAULTS)

@@ -8,6 +8,9 @@ from .history import operations
 
 MAX_NODES = 40
 COLORS = {"X": "tab:red", "S": "tab:blue"}
+SPAN_COLOURS = {"blackhole": "black", "latency": "tab:orange", "clock": "tab:green", "store_restart": "tab:brown"}
+"""The shade of each fault that spans a stretch of the run (its begin event), over every worker."""
+SPAN_ENDS = {"flow": "blackhole", "latency_end": "latency", "clock_end": "clock", "store_restarted": "store_restart"}
 
 
 def plot(result: Any, path: str) -> None:
@@ -44,6 +47,7 @@ def plot(result: Any, path: str) -> None:
     paused: dict[str, float] = {}
     cut = None
     down: dict[str, float] = {}
+    spans: dict[str, float] = {}
     for e in events:
         t = e["t"] - origin
         if e["type"] == "pause":
@@ -57,6 +61,11 @@ def plot(result: Any, path: str) -> None:
         elif e["type"] == "restore" and cut is not None:
             ax.axvspan(cut, t, color="grey", alpha=0.3, lw=0)
             cut = None
+        elif e["type"] in SPAN_COLOURS:
+            spans[e["type"]] = t
+        elif e["type"] in SPAN_ENDS and SPAN_ENDS[e["type"]] in spans:
+            begin = SPAN_ENDS[e["type"]]
+            ax.axvspan(spans.pop(begin), t, color=SPAN_COLOURS[begin], alpha=0.2, lw=0)
         elif e["type"] == "node_kill":
             down[e["node"]] = t
             ax.axvline(t, color="purple", lw=1.5)
@@ -66,7 +75,8 @@ def plot(result: Any, path: str) -> None:
     ax.set_xlabel("seconds")
     ax.set_title(
         f"lock_check {result.backend}: {len(result.violations)} violations\n"
-        "X red, S blue, lost hatched; pauses gold, store cuts grey, kills dashed, Elasticsearch nodes down purple",
+        "X red, S blue, lost hatched; pauses gold, store cuts grey, kills dashed, Elasticsearch nodes down purple;\n"
+        "black holes black, slow links orange, skewed clocks green, store restarts brown",
         fontsize=9,
     )
     fig.tight_layout()

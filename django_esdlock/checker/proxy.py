@@ -1,8 +1,9 @@
-"""A loopback TCP proxy between the workers and the store, which the store fault cuts and restores."""
+"""A loopback TCP proxy between the workers and the store: the store, black-hole and latency faults act on it."""
 
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import struct
 import threading
@@ -21,7 +22,8 @@ class Proxy:
     connections are accepted and left waiting), as when a peer hangs or a
     network drops packets; :meth:`resume` forwards what was held and goes on.
     :attr:`latency` delays every answer (bytes from the target) that long: a
-    slow store.
+    slow store; :meth:`slow` delays every chunk, either way, by a random time
+    within a range: a slow, jittery link.
     """
 
     def __init__(self, target_host: str, target_port: int) -> None:
@@ -40,6 +42,8 @@ class Proxy:
         """Connections and chunks of bytes that arrived while black-holed (a call caught there)."""
         self.latency = 0.0
         """Seconds each chunk of bytes from the target waits before it is forwarded."""
+        self._jitter: tuple[float, float] | None = None
+        self._rng = random.Random()
         self._thread = threading.Thread(target=self._accept, name="lock-check-proxy", daemon=True)
         self._thread.start()
 
@@ -76,6 +80,9 @@ class Proxy:
             while data := source.recv(BUFFER):
                 if answers and self.latency:
                     time.sleep(self.latency)
+                jitter = self._jitter
+                if jitter is not None:
+                    time.sleep(self._rng.uniform(*jitter))
                 if not self._flowing.is_set():
                     with self._lock:
                         self.held += 1
@@ -111,6 +118,14 @@ class Proxy:
         """Forward again, what was held first."""
         self._flowing.set()
 
+    def slow(self, low: float, high: float) -> None:
+        """Delay every chunk of bytes, either way, by a random time from ``low`` to ``high`` seconds."""
+        self._jitter = (low, high)
+
+    def fast(self) -> None:
+        """Forward without delay again."""
+        self._jitter = None
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -130,7 +145,7 @@ def _reset(s: socket.socket) -> None:
 
 
 class Proxies:
-    """One :class:`Proxy` per store endpoint (every node of a cluster), cut and restored together."""
+    """One :class:`Proxy` per store endpoint (every node of a cluster), each fault acting on all of them at once."""
 
     def __init__(self, targets: list[tuple[str, int]]) -> None:
         self.proxies = [Proxy(*target) for target in targets]
@@ -143,6 +158,22 @@ class Proxies:
     def restore(self) -> None:
         for proxy in self.proxies:
             proxy.restore()
+
+    def black_hole(self) -> None:
+        for proxy in self.proxies:
+            proxy.black_hole()
+
+    def resume(self) -> None:
+        for proxy in self.proxies:
+            proxy.resume()
+
+    def slow(self, low: float, high: float) -> None:
+        for proxy in self.proxies:
+            proxy.slow(low, high)
+
+    def fast(self) -> None:
+        for proxy in self.proxies:
+            proxy.fast()
 
     def close(self) -> None:
         for proxy in self.proxies:

@@ -92,7 +92,7 @@ def summary_table(result: CheckResult) -> str:
         ),
         (
             "faults injected",
-            ", ".join(f"{name} {faults[name]}" for name in FAULTS if name in result.options.faults) or "none",
+            ", ".join(_injected(name, faults[name], s) for name in FAULTS if name in result.options.faults) or "none",
         ),
         *((f"  {name}", f"skipped: {why}") for name, why in result.skipped.items()),
         ("  kills of intent holders", str(s["kills_holding_intent"])) if "kill" in result.options.faults else None,
@@ -104,6 +104,12 @@ def summary_table(result: CheckResult) -> str:
     rows = [row for row in rows if row is not None]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def _injected(name: str, count: int, s: dict[str, Any]) -> str:
+    """``pause 3 (8.1 s)``: how many times a fault was injected, and for how long in all (a kill has no length)."""
+    seconds = s.get("fault_seconds", {}).get(name)
+    return f"{name} {count}" + (f" ({seconds:.1f} s)" if count and seconds else "")
 
 
 def _outcome(name: str, count: int, s: dict[str, Any]) -> str:

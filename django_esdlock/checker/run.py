@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import multiprocessing
 import os
 import random
@@ -22,7 +23,7 @@ from ..exceptions import LockError
 from ..records import Kind, Node
 from .checker import check_history
 from .failover import Failover, FailoverCommands, failover_errors
-from .faults import Nemesis
+from .faults import PROXY_FAULTS, Nemesis
 from .history import HistoryWriter, read_events, write_history
 from .options import CheckOptions
 from .proxy import Proxies
@@ -80,6 +81,7 @@ class Workers:
             "ready": self.context.Array("i", n, lock=False),
             "counters": self.context.Array("q", n * COUNTERS, lock=False),
             "stop_at": self.context.Value("d", 0.0, lock=False),
+            "clock": self.context.Array("d", n, lock=False),
         }
         self.generation = [0] * n
         self.slots: list[tuple[str, Any]] = []
@@ -113,6 +115,10 @@ class Workers:
 
     def holding(self) -> list[int]:
         return list(self.shared["holding"])
+
+    def set_clock(self, slot: int, offset: float) -> None:
+        """Set the wall clock of the worker in ``slot`` (and of its replacements) ``offset`` seconds off."""
+        self.shared["clock"][slot] = offset
 
     def counters(self) -> list[int]:
         values = list(self.shared["counters"])
@@ -208,13 +214,18 @@ def run_check(
     skipped: dict[str, str] = {}
     proxy: Proxies | None = None
     worker_config = config
-    if "store" in options.faults:
+    proxied = [f for f in PROXY_FAULTS if f in options.faults]
+    if proxied:
         targets, why = backend.endpoints()
         if not targets:
-            skipped["store"] = why
+            skipped.update(dict.fromkeys(proxied, why))
         else:
             proxy = Proxies(targets)
             worker_config = {**config, "OPTIONS": backend.options_through(config["OPTIONS"], proxy.ports)}
+    if "clock" in options.faults and importlib.util.find_spec("time_machine") is None:
+        skipped["clock"] = "needs time-machine, which moves a process's wall clock alone: pip install time-machine"
+    if "store-restart" in options.faults and not options.store_restart:
+        skipped["store-restart"] = "needs --store-restart CMD, the command that restarts the store"
     directory = tempfile.mkdtemp(prefix="lock-check-")
     writer = HistoryWriter(Path(directory) / "command.jsonl", "command")
     nemesis_record = functools.partial(writer.record, process="nemesis")
@@ -253,6 +264,7 @@ def run_check(
             workers=workers,
             proxy=proxy,
             failover=failover,
+            store_restart=options.store_restart,
         )
         done = threading.Event()
         thread = threading.Thread(target=nemesis.run, args=(stop_at, done.is_set), name="lock-check-nemesis")
@@ -271,6 +283,8 @@ def run_check(
         reaping.join(timeout=60)
         if proxy is not None:
             proxy.restore()
+            proxy.resume()
+            proxy.fast()
         if failover is not None:
             failover.settle()  # the last killed node back before the final reap, and the cluster whole
         _final_reap(backend, spec, reaping, writer, options)
@@ -347,7 +361,17 @@ def _final_reap(
     """Let every lease run out, reap, free the global lock's expired holder; record what is still held."""
     from ..locks import global_lock
 
-    if _held(backend, spec):  # killed, lost or hung holders: let their leases run out first
+    # The command's own connection may have died with the store (a store restart): its first call fails, the
+    # next opens a new one.
+    for attempt in range(3):
+        try:
+            held = _held(backend, spec)
+            break
+        except LockError:
+            if attempt == 2:
+                raise
+            time.sleep(options.ttl)
+    if held:  # killed, lost or hung holders: let their leases run out first
         time.sleep(options.ttl + 0.2)
     for attempt in range(3):
         try:

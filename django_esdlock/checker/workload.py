@@ -45,6 +45,38 @@ class WorkloadSpec:
     seed: int
 
 
+class ClockSkew:
+    """This worker's wall clock, set off by the clock fault (``shared["clock"][slot]`` seconds) and back.
+
+    time-machine's ``travel(..., tick=True)`` moves ``time.time`` and
+    ``datetime.now`` of the whole process (its renewer thread too) and leaves
+    the monotonic clock and timed waits alone, as NTP skew does. libfaketime
+    does not do for this: it moves the monotonic clock too (or, with
+    ``DONT_FAKE_MONOTONIC=1``, makes ``time.sleep`` fail with EINVAL).
+    """
+
+    def __init__(self, offsets: Any, slot: int) -> None:
+        self.offsets = offsets
+        self.slot = slot
+        self.offset = 0.0
+        self._travel: Any = None
+
+    def follow(self) -> None:
+        """Take up the offset the command set for this worker, if it changed."""
+        offset = self.offsets[self.slot]
+        if offset == self.offset:
+            return
+        import time_machine  # the command skips the clock fault where it is missing
+
+        if self._travel is not None:
+            self._travel.stop()
+            self._travel = None
+        if offset:
+            self._travel = time_machine.travel(time.time() + offset, tick=True)
+            self._travel.start()
+        self.offset = offset
+
+
 def node_list(targets: Any) -> list[list[str]]:
     """Return the (namespace, kind, key, mode) of each (node, mode) a lock takes, for the history."""
     return [[node.namespace, node.kind.value, node.key, mode.value] for node, mode in targets]
@@ -334,6 +366,7 @@ def worker_main(spec: WorkloadSpec, slot: int, process: str, shared: Mapping[str
     workload = Workload(spec, process, random.Random(f"{spec.seed}/{process}"), history, backend)
     signals.lock_lost.connect(lambda sender, lock, reason, **kw: workload.on_lost(lock, reason), weak=False)
     holding, counters, stop_at, ready = shared["holding"], shared["counters"], shared["stop_at"], shared["ready"]
+    clock = ClockSkew(shared["clock"], slot)
 
     def set_holding(value: int) -> None:
         holding[slot] = value
@@ -347,6 +380,7 @@ def worker_main(spec: WorkloadSpec, slot: int, process: str, shared: Mapping[str
         time.sleep(0.01)
     try:
         while time.monotonic() < stop_at.value:
+            clock.follow()
             workload.run_one(set_holding, bump)
     finally:
         # Not backend.close(): the database backend closes every thread's connection, and

@@ -39,7 +39,7 @@ class Command(BaseCommand):
             "--faults",
             type=_faults,
             default=FAULTS,
-            metavar="pause,kill,store,failover",
+            metavar=",".join(FAULTS),
             help="Faults to inject (default all that apply; 'none' for none).",
         )
         parser.add_argument(
@@ -56,6 +56,12 @@ class Command(BaseCommand):
             default=DEFAULT_KILL,
             help=f"Shell command that kills a node, same placeholders (default {DEFAULT_KILL!r}: "
             "SIGKILL of the pid the node reports, for nodes on this machine).",
+        )
+        parser.add_argument(
+            "--store-restart",
+            metavar="CMD",
+            help="Shell command that restarts the store abruptly, run mid-run by the store-restart fault "
+            "(for PostgreSQL e.g. 'pg_ctl restart -m immediate -D DATADIR'). Without it that fault is skipped.",
         )
         parser.add_argument("--seed", type=int, help="Seed of the workload and the faults (default random).")
         parser.add_argument(
@@ -100,6 +106,7 @@ class Command(BaseCommand):
                 slack=options["slack"],
                 failover_restart=options["failover_restart"],
                 failover_kill=options["failover_kill"],
+                store_restart=options["store_restart"],
             )
             config = _config(options["backend_url"], options["es_hosts"])
         except ValueError as e:
