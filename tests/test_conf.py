@@ -50,6 +50,9 @@ def test_database_urls_name_the_database_backend():
         ({**ES, "DEADLOCK_TIMEOUT": 0}, "DEADLOCK_TIMEOUT.*positive"),
         ({**ES, "DEADLOCK_TIMEOUT": "1"}, "DEADLOCK_TIMEOUT.*positive"),
         ("sqlite:////tmp/x.sqlite3?deadlock_timeout=soon", "not a number"),
+        ({**ES, "CLOCK_SKEW_MARGIN": -0.1}, "CLOCK_SKEW_MARGIN.*0 or more"),
+        ({**ES, "CLOCK_SKEW_MARGIN": "1"}, "CLOCK_SKEW_MARGIN.*0 or more"),
+        ("elasticsearch://h:9200/locks?clock_skew_margin=soon", "not a number"),
         (42, "dict or a URL"),
     ],
 )
@@ -67,6 +70,16 @@ def test_deadlock_timeout_defaults_to_one_second_and_can_be_set_or_turned_off():
     assert load_backend("elasticsearch://h:9200/locks?deadlock_timeout=off").deadlock_timeout is None
     sqlite = parse_url("sqlite:////tmp/x.sqlite3?deadlock_timeout=3&timeout=9")
     assert sqlite["DEADLOCK_TIMEOUT"] == 3.0 and sqlite["OPTIONS"] == {"url": "sqlite:////tmp/x.sqlite3?timeout=9"}
+
+
+def test_the_clock_skew_margin_is_the_stores_own_unless_set_and_shortens_the_holders_view():
+    es, sqlite = load_backend(ES), load_backend("sqlite:////tmp/x.sqlite3")
+    assert (es.clock_skew_margin, sqlite.clock_skew_margin) == (0.5, 0.0)
+    assert (es.held_for(30), sqlite.held_for(30)) == (29.0, 29.9)  # lease margin 0.5 / 0.1, plus the skew margin
+    assert es.held_for(2) == 1.5  # never less than three quarters of the lease
+    assert load_backend({**ES, "CLOCK_SKEW_MARGIN": 2}).held_for(30) == 27.5
+    assert load_backend("sqlite:////tmp/x.sqlite3?clock_skew_margin=1.5").held_for(30) == 28.4
+    assert load_backend({**ES, "CLOCK_SKEW_MARGIN": 0}).clock_skew_margin == 0.0
 
 
 def test_unknown_backend_option_is_named():

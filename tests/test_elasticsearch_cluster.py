@@ -305,3 +305,19 @@ def test_check_warns_about_a_lock_index_that_one_node_loss_would_empty(config):
         assert _check_warnings(alone) == ["django_esdlock.W005"]
     finally:
         backend.close()
+
+
+def test_check_reads_every_nodes_clock_and_warns_only_past_the_margin(config):
+    """W011 on the live cluster: its three nodes (one machine's clock) are within the margin; a margin below what
+    the readings prove (0) is past, and the warning names the nodes."""
+    backend = load_backend(config(ttl=5))
+    try:
+        clocks, round_trip = backend._node_clocks()
+        assert len(clocks) == 3 and round_trip < 5, clocks
+        assert backend._clock_warnings() == []
+        backend.clock_skew_margin = -0.001  # no setting allows it: the only way to see the warning without a skew
+        (warning,) = backend._clock_warnings()
+        assert warning.id == "django_esdlock.W011" and "CLOCK_SKEW_MARGIN" in warning.msg
+        assert any(f"node {name!r}" in warning.msg for name in clocks)
+    finally:
+        backend.close()

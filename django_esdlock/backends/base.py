@@ -126,14 +126,26 @@ class BaseLockBackend(abc.ABC):
     need more. See :meth:`held_for`.
     """
 
+    clock_skew_margin: float = 0.0
+    """Seconds the store's nodes' clocks may differ by, which the holder also takes off its view of the lease.
+
+    A lease is stamped by one node's clock and may be judged by another's (a
+    new primary after a failover): a node whose clock runs ahead ends it
+    early. ``LOCK_BACKEND["CLOCK_SKEW_MARGIN"]`` sets it; the default is the
+    store's (0 for a database, whose one server stamps and judges; 0.5 s on
+    Elasticsearch). ``check --deploy`` warns where the measured skew exceeds
+    it (Elasticsearch: ``django_esdlock.W011``).
+    """
+
     def held_for(self, ttl: float) -> float:
         """Return how long after sending a grant's or renewal's request its holder may count on a ``ttl`` lease.
 
-        ``ttl`` less :attr:`lease_margin`, but never less than three quarters
-        of it: a TTL under four margins gets a smaller margin than the store
-        needs (documented; give such stores longer TTLs).
+        ``ttl`` less :attr:`lease_margin` and :attr:`clock_skew_margin`, but
+        never less than three quarters of it: a TTL under four margins gets a
+        smaller margin than the store needs (documented; give such stores
+        longer TTLs).
         """
-        return ttl - min(self.lease_margin, ttl / 4)
+        return ttl - min(self.lease_margin + self.clock_skew_margin, ttl / 4)
 
     @property
     def marker_ttl_ms(self) -> int:

@@ -11,6 +11,7 @@ from ...exceptions import InvalidLockBackend
 from ...forks import ForkSafeLock
 from ...redaction import add_secrets
 from ..base import BaseLockBackend, StoreFeatures
+from .clocks import NodeClocks
 from .grants import DEFAULT_PIPELINE, GrantPipeline
 from .index import IndexSetup
 from .maintenance import Maintenance
@@ -38,7 +39,9 @@ from .protocol import Protocol
 from .transport import CLIENT_OPTIONS, Transport
 
 
-class ElasticsearchLockBackend(IndexSetup, Maintenance, GrantPipeline, Protocol, Transport, BaseLockBackend):
+class ElasticsearchLockBackend(
+    IndexSetup, Maintenance, GrantPipeline, NodeClocks, Protocol, Transport, BaseLockBackend
+):
     """Locks as documents of Elasticsearch lock indices (one by default), as the chapter builds them.
 
     OPTIONS: ``hosts`` (default ``["http://127.0.0.1:9200"]``), ``index``
@@ -81,6 +84,11 @@ class ElasticsearchLockBackend(IndexSetup, Maintenance, GrantPipeline, Protocol,
     ``thread_pool.estimated_time_interval`` (200 ms by default): measured on 7.0, ``ctx._now`` was up to
     196 ms older than the moment the request was sent. 0.5 s covers that interval, the delays of the
     node's timer thread and the holder's own. Raise it with the interval."""
+
+    clock_skew_margin: float = 0.5
+    """Seconds the nodes' clocks may differ by (see the base class): a fresh lease is stamped by the ingest node's
+    clock, renewals and every expiry by the primary's, and a failover moves the primary. 0.5 s is well above what
+    NTP keeps nodes within; ``check --deploy`` measures the cluster's (``django_esdlock.W011``)."""
 
     busy_retry: float = 10.0
     """Seconds a release, a listing or maintenance keeps retrying a busy store, with backoff, before LockStoreBusy.

@@ -552,6 +552,7 @@ class IndexSetup:
             errors.extend(self._holders_warnings(missing[0], NESTED_OBJECTS_LIMIT, planned=True))
         errors.extend(self._bulk_warnings(content_lengths))
         errors.extend(self._pipeline_warnings())
+        errors.extend(self._clock_warnings())
         return errors
 
     def _cluster_facts_steps(self) -> Steps[tuple[int, list[int], dict[str, tuple[Any, Any]]]]:
