@@ -3,6 +3,7 @@ slow links, skewed wall clocks, store restarts and node failovers."""
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shlex
@@ -131,6 +132,18 @@ class Nemesis:
             self.proxy.restore()
             self.record("restore")
 
+    def _for_a_while(
+        self, seconds: float, start: Callable[[], Any], stop: Callable[[], Any], events: tuple[str, str], **fields: Any
+    ) -> None:
+        """Start a fault, record its begin event, wait ``seconds``, stop it and record its end, whatever happens."""
+        start()
+        self.record(events[0], seconds=seconds, **fields)
+        try:
+            self._sleep(seconds, lambda: False)
+        finally:
+            stop()
+            self.record(events[1])
+
     def blackhole(self, stopping: Callable[[], bool]) -> None:
         """Stop forwarding, both ways, for longer than a lease, every socket kept open; then forward again.
 
@@ -138,24 +151,13 @@ class Nemesis:
         does not come, as behind a dropped link or a hung peer.
         """
         seconds = self.ttl * self.rng.uniform(1.2, 1.8)
-        self.proxy.black_hole()
-        self.record("blackhole", seconds=seconds)
-        try:
-            self._sleep(seconds, lambda: False)
-        finally:
-            self.proxy.resume()
-            self.record("flow")
+        self._for_a_while(seconds, self.proxy.black_hole, self.proxy.resume, ("blackhole", "flow"))
 
     def latency(self, stopping: Callable[[], bool]) -> None:
         """Delay every chunk of bytes, either way, by 20-400 ms (each drawn anew) for one to two leases."""
         seconds = self.ttl * self.rng.uniform(1.0, 2.0)
-        self.proxy.slow(*LATENCY)
-        self.record("latency", seconds=seconds, low=LATENCY[0], high=LATENCY[1])
-        try:
-            self._sleep(seconds, lambda: False)
-        finally:
-            self.proxy.fast()
-            self.record("latency_end")
+        slow = functools.partial(self.proxy.slow, *LATENCY)
+        self._for_a_while(seconds, slow, self.proxy.fast, ("latency", "latency_end"), low=LATENCY[0], high=LATENCY[1])
 
     def clock(self, stopping: Callable[[], bool]) -> None:
         """Set every worker's wall clock off by minutes, signs alternating, for one to two leases; then right again.
@@ -170,15 +172,16 @@ class Nemesis:
             sign = self._clock_sign if slot % 2 == 0 else -self._clock_sign
             offsets.append(round(sign * 60 * self.rng.uniform(*CLOCK_OFFSET_MINUTES), 3))
         self._clock_sign = -self._clock_sign
-        for slot, offset in enumerate(offsets):
-            self.workers.set_clock(slot, offset)
-        self.record("clock", seconds=seconds, offsets=offsets)
-        try:
-            self._sleep(seconds, lambda: False)
-        finally:
+
+        def skew() -> None:
+            for slot, offset in enumerate(offsets):
+                self.workers.set_clock(slot, offset)
+
+        def right() -> None:
             for slot in range(slots):
                 self.workers.set_clock(slot, 0.0)
-            self.record("clock_end")
+
+        self._for_a_while(seconds, skew, right, ("clock", "clock_end"), offsets=offsets)
 
     def store_restart(self, stopping: Callable[[], bool]) -> None:
         """Run ``--store-restart CMD`` (e.g. ``pg_ctl restart -m immediate``): the store goes down and comes back."""

@@ -151,30 +151,27 @@ class Proxies:
         self.proxies = [Proxy(*target) for target in targets]
         self.ports = [proxy.port for proxy in self.proxies]
 
-    def cut(self) -> None:
+    def _each(self, method: str, *args: float) -> None:
         for proxy in self.proxies:
-            proxy.cut()
+            getattr(proxy, method)(*args)
+
+    def cut(self) -> None:
+        self._each("cut")
 
     def restore(self) -> None:
-        for proxy in self.proxies:
-            proxy.restore()
+        self._each("restore")
 
     def black_hole(self) -> None:
-        for proxy in self.proxies:
-            proxy.black_hole()
+        self._each("black_hole")
 
     def resume(self) -> None:
-        for proxy in self.proxies:
-            proxy.resume()
+        self._each("resume")
 
     def slow(self, low: float, high: float) -> None:
-        for proxy in self.proxies:
-            proxy.slow(low, high)
+        self._each("slow", low, high)
 
     def fast(self) -> None:
-        for proxy in self.proxies:
-            proxy.fast()
+        self._each("fast")
 
     def close(self) -> None:
-        for proxy in self.proxies:
-            proxy.close()
+        self._each("close")
