@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from django.core import checks
 
 from ...exceptions import LockBackendUnavailable
-from ...steps import drive
+from ...steps import Steps, drive
 from .transport import StoreCall
 
 
@@ -43,15 +42,19 @@ class NodeClocks:
 
     def _node_clocks(self) -> tuple[dict[str, int], float]:
         """Read every node's clock (node name -> epoch ms) in one request; return them and its round trip."""
+        return drive(self._node_clocks_steps(), self.perform)  # type: ignore[attr-defined]
+
+    def _node_clocks_steps(self) -> Steps[tuple[dict[str, int], float]]:
+        """One try, 5 seconds at most (no busy retry, no resend): a check reports the store as it finds it."""
         call = StoreCall(
             "nodes.stats",
             {"metric": "os", "filter_path": "nodes.*.timestamp,nodes.*.name"},
             options={"request_timeout": 5},
         )
-        started = time.monotonic()
         with self._translate("read the nodes' clocks"):  # type: ignore[attr-defined]
-            answer = drive(iter_one(call), self.perform)  # type: ignore[attr-defined]
-        round_trip = time.monotonic() - started
+            started = time.monotonic()
+            answer = yield call
+            round_trip = time.monotonic() - started
         nodes = (answer or {}).get("nodes", {})
         clocks = {node.get("name", key): node["timestamp"] for key, node in nodes.items() if "timestamp" in node}
         return {name: int(ms) for name, ms in clocks.items()}, round_trip
@@ -74,8 +77,3 @@ class NodeClocks:
                 id="django_esdlock.W011",
             )
         ]
-
-
-def iter_one(call: StoreCall) -> Any:
-    """The steps of one store call: its answer."""
-    return (yield call)
