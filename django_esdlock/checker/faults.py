@@ -124,13 +124,7 @@ class Nemesis:
     def store(self, stopping: Callable[[], bool]) -> None:
         """Cut every connection to the store for about a lease, then restore it."""
         seconds = self.rng.uniform(0.5, 1.5) * self.ttl
-        self.proxy.cut()
-        self.record("cut", seconds=seconds)
-        try:
-            time.sleep(seconds)
-        finally:
-            self.proxy.restore()
-            self.record("restore")
+        self._for_a_while(seconds, self.proxy.cut, self.proxy.restore, ("cut", "restore"))
 
     def _for_a_while(
         self, seconds: float, start: Callable[[], Any], stop: Callable[[], Any], events: tuple[str, str], **fields: Any

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from .checker import FAULT_SPANS
 from .history import operations
 
 MAX_NODES = 40
 COLORS = {"X": "tab:red", "S": "tab:blue"}
-SPAN_COLOURS = {"blackhole": "black", "latency": "tab:orange", "clock": "tab:green", "store_restart": "tab:brown"}
-"""The shade of each fault that spans a stretch of the run (its begin event), over every worker."""
-SPAN_ENDS = {"flow": "blackhole", "latency_end": "latency", "clock_end": "clock", "store_restarted": "store_restart"}
+SPAN_SHADES = {
+    "store": ("grey", 0.3),
+    "blackhole": ("black", 0.2),
+    "latency": ("tab:orange", 0.2),
+    "clock": ("tab:green", 0.2),
+    "store-restart": ("tab:brown", 0.2),
+}
+"""The shade (colour, alpha) of each fault that spans a stretch of the run over every worker (its events:
+``checker.FAULT_SPANS``)."""
 
 
 def plot(result: Any, path: str) -> None:
@@ -45,8 +52,9 @@ def plot(result: Any, path: str) -> None:
                 edgecolor="black" if lost else None,
             )
     paused: dict[str, float] = {}
-    cut = None
     down: dict[str, float] = {}
+    begins = {FAULT_SPANS[fault][0]: fault for fault in SPAN_SHADES}
+    ends = {FAULT_SPANS[fault][1]: fault for fault in SPAN_SHADES}
     spans: dict[str, float] = {}
     for e in events:
         t = e["t"] - origin
@@ -56,16 +64,11 @@ def plot(result: Any, path: str) -> None:
             ax.axvspan(paused.pop(e["victim"], t), t, color="gold", alpha=0.25, lw=0)
         elif e["type"] == "kill":
             ax.axvline(t, color="black", ls="--", lw=1)
-        elif e["type"] == "cut":
-            cut = t
-        elif e["type"] == "restore" and cut is not None:
-            ax.axvspan(cut, t, color="grey", alpha=0.3, lw=0)
-            cut = None
-        elif e["type"] in SPAN_COLOURS:
-            spans[e["type"]] = t
-        elif e["type"] in SPAN_ENDS and SPAN_ENDS[e["type"]] in spans:
-            begin = SPAN_ENDS[e["type"]]
-            ax.axvspan(spans.pop(begin), t, color=SPAN_COLOURS[begin], alpha=0.2, lw=0)
+        elif e["type"] in begins:
+            spans[begins[e["type"]]] = t
+        elif e["type"] in ends and ends[e["type"]] in spans:
+            colour, alpha = SPAN_SHADES[ends[e["type"]]]
+            ax.axvspan(spans.pop(ends[e["type"]]), t, color=colour, alpha=alpha, lw=0)
         elif e["type"] == "node_kill":
             down[e["node"]] = t
             ax.axvline(t, color="purple", lw=1.5)

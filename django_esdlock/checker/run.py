@@ -363,24 +363,13 @@ def _final_reap(
 
     # The command's own connection may have died with the store (a store restart): its first call fails, the
     # next opens a new one.
-    for attempt in range(3):
-        try:
-            held = _held(backend, spec)
-            break
-        except LockError:
-            if attempt == 2:
-                raise
-            time.sleep(options.ttl)
-    if held:  # killed, lost or hung holders: let their leases run out first
+    if _tried(lambda: _held(backend, spec), pause=options.ttl):  # killed, lost or hung holders: leases run out first
         time.sleep(options.ttl + 0.2)
-    for attempt in range(3):
-        try:
-            reaping.reap()
-            break
-        except LockError as e:
-            if attempt == 2:
-                writer.record("reap_failed", process="command", error=str(e))
-            time.sleep(options.ttl)
+    try:
+        _tried(reaping.reap, pause=options.ttl)
+    except LockError as e:
+        writer.record("reap_failed", process="command", error=str(e))
+        time.sleep(options.ttl)
     # The global lock lives in namespace "default": evict its expired holder by taking it, never by reaping others'.
     if backend.node_holders(Node("default", Kind.GLOBAL, spec.global_name)):
         with contextlib.suppress(LockError):
@@ -388,6 +377,19 @@ def _final_reap(
             lock.acquire().release()
     for record in _held(backend, spec):
         _leftover(writer, record)
+
+
+def _tried(call: Callable[[], Any], *, pause: float, tries: int = 3) -> Any:
+    """Return what ``call`` returns, calling it again after ``pause`` seconds while it raises LockError, at most
+    ``tries`` times in all; the last error is raised."""
+    for attempt in range(tries):
+        try:
+            return call()
+        except LockError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(pause)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _held(backend: Any, spec: WorkloadSpec) -> list[Any]:
