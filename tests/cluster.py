@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -122,10 +124,14 @@ def kill(i: int) -> None:
     assert not alive(i), f"node n{i} still answers after SIGKILL"
 
 
-def restart(i: int) -> subprocess.Popen:
-    """Start node ``i`` again, in the background; :func:`finish` waits for it."""
+def restart(i: int, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start node ``i`` again, in the background (``env`` added to its environment); :func:`finish` waits for it."""
     return subprocess.Popen(
-        [str(START), "--node", str(i)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        [str(START), "--node", str(i)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -145,3 +151,73 @@ def make_whole(timeout: float = 150.0) -> None:
     for process in [restart(i) for i in down]:
         finish(process, timeout)
     wait_for(3, timeout=timeout)
+
+
+ES_BACKEND = "django_esdlock.backends.elasticsearch.ElasticsearchLockBackend"
+
+
+def lock_config(ttl: float, **options: Any) -> dict:
+    """A LOCK_BACKEND of a fresh lock index on the cluster (``options``: more OPTIONS, ``hosts`` included)."""
+    index = f"test-cluster-{uuid.uuid4().hex[:10]}"
+    return {"BACKEND": ES_BACKEND, "OPTIONS": {"hosts": hosts(), "index": index, **options}, "TTL": ttl}
+
+
+def drop_lock_index(config: dict) -> None:
+    """Delete the indices the lock index of ``config`` names (it is an alias of ``<index>.floor-<N>``)."""
+    concrete = request(f"/{config['OPTIONS']['index']}/_alias?ignore_unavailable=true", timeout=30) or {}
+    for name in concrete:
+        request(f"/{name}", method="DELETE", timeout=30)
+
+
+# --- A node's wall clock set off, as NTP skew is: libfaketime in its JVM, the offset read from a file.
+
+FAKETIME = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)
+"""libfaketime (Debian's ``libfaketime``), or None where it is missing."""
+
+
+def clock_file(i: int) -> Path:
+    return HOME / f"n{i}" / "clock-offset"
+
+
+def restart_with_settable_clock(i: int) -> None:
+    """Restart node ``i`` with libfaketime, its wall-clock offset read from :func:`clock_file` (0 at first).
+
+    Only the wall clock moves: ``DONT_FAKE_MONOTONIC`` leaves ``CLOCK_MONOTONIC``
+    (the JVM's ``System.nanoTime``, its timed waits) alone, as NTP does. The
+    file is read again each second (``FAKETIME_CACHE_DURATION``), so
+    :func:`set_clock_offset` moves the clock of the running node.
+    """
+    assert FAKETIME, "libfaketime is missing"
+    clock_file(i).write_text("+0s\n")
+    clock_file(i).chmod(0o644)
+    kill(i)
+    (HOME / f"n{i}" / "es.pid").unlink(missing_ok=True)
+    env = {
+        "LD_PRELOAD": FAKETIME,
+        "FAKETIME_TIMESTAMP_FILE": str(clock_file(i)),
+        "FAKETIME_CACHE_DURATION": "1",
+        "DONT_FAKE_MONOTONIC": "1",
+    }
+    finish(restart(i, env))
+    wait_for(3)
+
+
+def clock_offsets() -> dict[str, float]:
+    """Each node's wall clock less this machine's, in seconds, as one ``_nodes/stats/os`` reports them."""
+    before = time.time()
+    nodes = request("/_nodes/stats/os")["nodes"].values()
+    middle = (before + time.time()) / 2
+    return {node["name"]: node["os"]["timestamp"] / 1000 - middle for node in nodes}
+
+
+def set_clock_offset(i: int, seconds: int, timeout: float = 20.0) -> None:
+    """Set node ``i``'s wall clock ``seconds`` off (a node started by :func:`restart_with_settable_clock`).
+
+    Waits until the node reports it (libfaketime reads the file each second;
+    the node's stats are cached up to a second more).
+    """
+    clock_file(i).write_text(f"{seconds:+d}s\n")
+    deadline = time.monotonic() + timeout
+    while abs((seen := clock_offsets()[f"n{i}"]) - seconds) > 0.5:
+        assert time.monotonic() < deadline, f"node n{i}'s clock is {seen:+.3f}s off, not {seconds:+d}s"
+        time.sleep(0.3)

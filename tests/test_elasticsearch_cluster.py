@@ -7,7 +7,6 @@ Skipped unless ELASTICSEARCH_HOSTS names the cluster of ../shared/elasticsearch/
 from __future__ import annotations
 
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -20,7 +19,6 @@ from django_esdlock.exceptions import LockBackendUnavailable, LockLost, LockUnav
 from . import cluster
 from .peer import SPAWN, setup_django
 from .procs import spawned
-from .stores import ES_BACKEND
 
 pytest_plugins = ["django_esdlock.testing"]
 
@@ -29,11 +27,6 @@ pytestmark = [
     pytest.mark.alone,  # nodes killed and restarted: no other test's load beside them
     pytest.mark.skipif(not cluster.hosts(), reason="no ELASTICSEARCH_HOSTS (the three-node cluster)"),
 ]
-
-
-def cluster_config(ttl: float, **options) -> dict:
-    index = f"test-cluster-{uuid.uuid4().hex[:10]}"
-    return {"BACKEND": ES_BACKEND, "OPTIONS": {"hosts": cluster.hosts(), "index": index, **options}, "TTL": ttl}
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +42,13 @@ def config(request, whole_cluster):
     configs = []
 
     def make(ttl: float, **options) -> dict:
-        configs.append(cluster_config(ttl, **options))
+        configs.append(cluster.lock_config(ttl, **options))
         return configs[-1]
 
     yield make
     cluster.make_whole()
     for c in configs:
-        # the lock index is an alias of <index>.floor-<N>: delete the indices it names
-        concrete = cluster.request(f"/{c['OPTIONS']['index']}/_alias?ignore_unavailable=true", timeout=30) or {}
-        for name in concrete:
-            cluster.request(f"/{name}", method="DELETE", timeout=30)
+        cluster.drop_lock_index(c)
 
 
 def _counter_worker(config, until, state, lock_guard, log) -> dict:

@@ -1,0 +1,290 @@
+"""A store node whose clock runs ahead, on the genuine three-node cluster: the clock-skew margin against it.
+
+A lease is stamped by the clock of the primary that grants or renews it and
+judged by the clock of the primary that reads it next. After a failover to a
+node whose clock runs ``SKEW`` seconds ahead, every lease the old primary
+stamped ends ``SKEW`` seconds early in the store's eyes. A holder that trusts
+its lease to its end (``held_for``: the TTL less the lease margin and
+``CLOCK_SKEW_MARGIN``) then still writes after a competitor was granted, unless
+the margin covers the skew. Node n3's JVM runs under libfaketime
+(tests/cluster.py: its wall clock only; its monotonic clock and timed waits
+are untouched, as under NTP skew).
+
+Skipped unless ELASTICSEARCH_HOSTS names the cluster of ../shared/elasticsearch/start-cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from django_esdlock.checker.checker import check_history
+from django_esdlock.checker.failover import start_cluster_restart
+from django_esdlock.checker.history import read_events
+from django_esdlock.conf import load_backend
+
+from . import cluster
+from .peer import setup_django
+from .procs import spawned
+
+pytest_plugins = ["django_esdlock.testing"]
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.alone,  # nodes killed and restarted, a node's clock moved: no other test's load beside them
+    pytest.mark.skipif(not cluster.hosts(), reason="no ELASTICSEARCH_HOSTS (the three-node cluster)"),
+]
+
+SKEWED = 3
+"""The node whose clock runs ahead; each lock index's one replica is on it, its primary on another node."""
+SKEW = 4
+"""Seconds node n3's clock runs ahead."""
+SAFE_MARGIN = 4.5
+"""A CLOCK_SKEW_MARGIN above the skew and the cached clock's 200 ms (lease margin 0.5 + 4.5 ≤ TTL / 4)."""
+TTL = 24.0
+"""The paused holders' lease: a quarter of it (the cap of the margins) exceeds ``SAFE_MARGIN`` + the lease margin."""
+RESUME_AFTER = TTL - SKEW + 1.0
+"""When the paused holders resume, after their request: past the skewed store's end of their lease (TTL - SKEW),
+before the end a holder without the margin trusts (TTL - 0.5), after the end one with it trusts (TTL - 5)."""
+
+
+@pytest.fixture(scope="module")
+def skewed_node():
+    """The cluster whole, node n3 restarted under libfaketime and its clock set ``SKEW`` s ahead; back to 0 after."""
+    if cluster.FAKETIME is None:
+        pytest.skip("libfaketime is missing (Debian: apt-get install libfaketime); ./runtests installs it as root")
+    cluster.wait_for(3, timeout=240)
+    cluster.restart_with_settable_clock(SKEWED)
+    try:
+        cluster.set_clock_offset(SKEWED, SKEW)
+        yield
+    finally:
+        if cluster.alive(SKEWED):
+            cluster.set_clock_offset(SKEWED, 0)
+        cluster.make_whole()
+
+
+@pytest.fixture
+def configs(skewed_node):
+    made: list[dict] = []
+
+    def make(ttl: float, **options) -> dict:
+        made.append(cluster.lock_config(ttl, **options))
+        return made[-1]
+
+    yield make
+    cluster.make_whole()
+    for config in made:
+        cluster.drop_lock_index(config)
+
+
+def primary_off_master_replica_on_skewed(config: dict) -> int:
+    """Create ``config``'s lock index with its primary on a node of the right clock that is not the master, and its
+    one replica on the skewed node; return the primary's node.
+
+    A template pins the new index to that node (so the primary is there),
+    then the index is let onto the skewed node too and the replica recovers
+    there: killing the primary's node promotes the skewed one, and the master
+    stays (a master's loss adds an election to the failover: seconds more).
+    """
+    primary = next(i for i in cluster.NODES if i not in (SKEWED, cluster.master_node()))
+    index = config["OPTIONS"]["index"]
+    template = f"/_template/{index}"
+    pinned = {"index.routing.allocation.include._name": f"n{primary}"}
+    cluster.request(template, method="PUT", body={"index_patterns": [f"{index}*"], "settings": pinned})
+    try:
+        backend = load_backend(config)
+        backend.setup()
+        backend.close()
+    finally:
+        cluster.request(template, method="DELETE")
+    allowed = {"index.routing.allocation.include._name": f"n{primary},n{SKEWED}"}
+    cluster.request(f"/{index}/_settings", method="PUT", body=allowed)
+    cluster.wait_for(3, status="green", index=index, timeout=60)
+    assert cluster.primary_node(index) == primary
+    return primary
+
+
+def test_check_warns_about_the_skewed_node_below_the_margin(configs):
+    """W011 on the live cluster: n3 four seconds ahead is past the default margin (0.5 s), within 4.5 s."""
+    backend = load_backend(configs(5))
+    try:
+        (warning,) = backend._clock_warnings()
+        assert warning.id == "django_esdlock.W011" and f"node 'n{SKEWED}'" in warning.msg, warning.msg
+        backend.clock_skew_margin = SAFE_MARGIN
+        assert backend._clock_warnings() == []
+    finally:
+        backend.close()
+
+
+def _paused_holder(config: dict, namespace: str, history_path: str) -> dict:
+    """Take /file, stop this process (a GC pause) until the test resumes it, then write while the lock is held.
+
+    The history is lock_check's: the checker judges it (each write records
+    whether ``lock.lost`` was False when it began).
+    """
+    setup_django()
+    from django_esdlock import lock_tree
+    from django_esdlock.checker.history import HistoryWriter
+    from django_esdlock.checker.workload import node_list
+    from django_esdlock.exceptions import LockBackendUnavailable, LockLost
+
+    backend = load_backend(config)
+    lock_tree("/warm-up", namespace=namespace, timeout=30, backend=backend).acquire().release()  # connected: the
+    # grant below is stamped within milliseconds of its request, where the holder's own count of its lease starts
+    history = HistoryWriter(history_path, f"holder-{os.getpid()}")
+    lock = lock_tree("/file", namespace=namespace, timeout=30, backend=backend)
+    history.record("invoke", op="holder", kind="tree", api="lock_tree", nodes=node_list(lock.targets), timeout=30)
+    lock.acquire()
+    history.record("ok", op="holder", holder=lock.holder_id, token=lock.token, pid=os.getpid())
+    os.kill(os.getpid(), signal.SIGSTOP)  # the renewer thread stops too: no renewal until the test's SIGCONT
+    resumed = time.monotonic()
+    while time.monotonic() < resumed + 3:
+        valid = not lock.lost
+        history.record("write", op="holder", token=lock.token, valid=valid)
+        if not valid:
+            history.record("lost", op="holder", how="lock.lost")
+            break
+        time.sleep(0.02)
+    valid = not lock.lost
+    history.record("release", op="holder", valid=valid)
+    outcome = "ok"
+    try:
+        lock.release()
+    except LockLost:
+        outcome = "lost"
+        history.record("lost", op="holder", how="LockLost at release")
+    except LockBackendUnavailable:
+        outcome = "store_unavailable"
+    history.record("released", op="holder", outcome=outcome)
+    backend.close()
+    return {"token": lock.token, "release": outcome}
+
+
+def _competitor(config: dict, namespace: str, history_path: str) -> dict:
+    """Ask for /file, never waiting (``timeout=0``), every 50 ms until granted: new requests arriving one after
+    another, as in a busy app (a queued waiter would sleep until the lease's end as its stamp tells); hold it 2 s."""
+    setup_django()
+    from django_esdlock import lock_tree
+    from django_esdlock.checker.history import HistoryWriter
+    from django_esdlock.checker.workload import node_list
+    from django_esdlock.exceptions import LockBackendUnavailable, LockUnavailable
+
+    backend = load_backend(config)
+    history = HistoryWriter(history_path, f"competitor-{os.getpid()}")
+    deadline = time.monotonic() + 60
+    attempt = 0
+    while time.monotonic() < deadline:
+        op = f"competitor-{attempt}"
+        attempt += 1
+        lock = lock_tree("/file", namespace=namespace, timeout=0, backend=backend)
+        history.record("invoke", op=op, kind="tree", api="lock_tree", nodes=node_list(lock.targets), timeout=0)
+        try:
+            lock.acquire()
+        except LockUnavailable as e:
+            history.record("fail", op=op, outcome="unavailable", error=str(e))
+            time.sleep(0.05)
+            continue
+        except LockBackendUnavailable as e:  # the failover under way
+            history.record("fail", op=op, outcome="store_unavailable", error=str(e))
+            time.sleep(0.05)
+            continue
+        history.record("ok", op=op, holder=lock.holder_id, token=lock.token)
+        until = time.monotonic() + 2
+        while time.monotonic() < until:
+            history.record("write", op=op, token=lock.token, valid=not lock.lost)
+            time.sleep(0.02)
+        history.record("release", op=op, valid=not lock.lost)
+        lock.release()
+        history.record("released", op=op, outcome="ok")
+        backend.close()
+        return {"token": lock.token, "attempts": attempt}
+    raise AssertionError(f"no grant in {attempt} attempts")
+
+
+def _granted(path: Path, timeout: float = 60.0) -> tuple[dict, dict]:
+    """The holder's 'invoke' and 'ok' events, once its process has stopped itself after the grant."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = read_events([path]) if path.exists() else []
+        ok = [e for e in events if e["type"] == "ok"]
+        if ok and Path(f"/proc/{ok[0]['pid']}/stat").read_text().split(") ")[1].startswith("T"):
+            return next(e for e in events if e["type"] == "invoke"), ok[0]
+        assert time.monotonic() < deadline, f"no paused grant in {path} within {timeout:g}s"
+        time.sleep(0.05)
+
+
+def test_a_holder_trusts_its_lease_past_a_skewed_primarys_eviction_only_without_the_margin(configs, tmp_path):
+    """Two holders pause right after their grant; the primary that stamped their leases is killed and the skewed
+    n3 promoted; competitors wait. At ``RESUME_AFTER`` the holders resume: n3 has evicted both two seconds early.
+    Without the margin (0) the holder still trusts its lease and writes beside its competitor: the checker reports
+    the overlap. With a margin above the skew it knows its lease is over: the checker finds nothing."""
+    unsafe = configs(TTL, number_of_replicas=1, wait_for_active_shards=1, hosts=cluster.hosts()[: SKEWED - 1])
+    primary = primary_off_master_replica_on_skewed(unsafe)
+    index = unsafe["OPTIONS"]["index"]
+    margins = {"unsafe": 0.0, "safe": SAFE_MARGIN}
+    # The holders ask the nodes of the right clock; the competitors the others than the primary's, killed first.
+    holders = {name: {**unsafe, "CLOCK_SKEW_MARGIN": margin} for name, margin in margins.items()}
+    others = [host for i, host in zip(cluster.NODES, cluster.hosts(), strict=True) if i != primary]
+    competitor = {**unsafe, "OPTIONS": {**unsafe["OPTIONS"], "hosts": others}}
+    paths = {name: (tmp_path / f"{name}-holder.jsonl", tmp_path / f"{name}-competitor.jsonl") for name in margins}
+    holder_args = [(holders[name], f"skew-{name}", str(paths[name][0])) for name in margins]
+    with spawned(_paused_holder, holder_args) as paused:
+        grants = {name: _granted(paths[name][0]) for name in margins}
+        paused.check()
+        cluster.kill(primary)
+        restarting = cluster.restart(primary)
+        competitor_args = [(competitor, f"skew-{name}", str(paths[name][1])) for name in margins]
+        with spawned(_competitor, competitor_args) as competitors:
+            # The holder counts its lease from its request (invoke), as the store stamps it between that and ok.
+            for name in sorted(margins, key=lambda name: grants[name][0]["t"]):
+                asked, granted = grants[name]
+                while time.monotonic() < asked["t"] + RESUME_AFTER:
+                    competitors.check()
+                    time.sleep(0.02)
+                os.kill(granted["pid"], signal.SIGCONT)
+            competitors.results(timeout=90)
+        paused.results(timeout=60)
+    cluster.finish(restarting)
+    assert cluster.primary_node(index) == SKEWED
+
+    for name in margins:
+        events = read_events(paths[name])
+        first_competitor_grant = min(e["t"] for e in events if e["type"] == "ok" and e["op"] != "holder")
+        asked, granted = grants[name]
+        waited = first_competitor_grant - asked["t"]
+        # The store ended the lease early by the skew (its cached clock: up to 200 ms late), before the resume.
+        assert TTL - SKEW - 0.5 < waited < RESUME_AFTER, f"{name}: competitor granted {waited:.3f}s after the request"
+        assert granted["t"] - asked["t"] < 0.5, "the grant took long: the holder's count starts at its request"
+        violations = check_history(events)
+        print(f"{name} (CLOCK_SKEW_MARGIN={margins[name]}): competitor granted {waited:.3f}s after the request; "
+              f"{[v.message for v in violations]}")  # fmt: skip
+        if name == "safe":
+            assert violations == [], [v.as_dict() for v in violations]
+        else:
+            assert [v.check for v in violations] == ["a"], [v.as_dict() for v in violations]
+
+
+def test_lock_check_is_clean_through_a_failover_to_the_skewed_node_with_the_margin_above_the_skew(configs, lock_check):
+    """lock_check with the failover fault: the first node it kills is the primary's, and n3 (ahead) takes over."""
+    config = configs(20, number_of_replicas=1, wait_for_active_shards=1)
+    config["CLOCK_SKEW_MARGIN"] = SAFE_MARGIN  # lease margin 0.5 + 4.5 = a quarter of the TTL: the cap
+    primary = primary_off_master_replica_on_skewed(config)
+    result = lock_check(
+        config,
+        seed=29,
+        seconds=12,
+        ttl=20,
+        faults=("failover",),
+        failover_restart=start_cluster_restart(cluster.START),
+    )
+    print(result.report())
+    assert result.ok, result.report()
+    summary = result.summary
+    assert summary["faults"]["failover"] >= 1
+    assert summary["nodes_killed"][0] == f"n{primary} (primary)", summary["nodes_killed"]
+    assert summary["grants"] >= 5 and summary["leftovers"] == 0
