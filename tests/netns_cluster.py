@@ -305,8 +305,14 @@ class NetnsCluster:
             assert time.monotonic() < deadline, f"the proxy of {node.name} does not listen"
             time.sleep(0.05)
 
-    def stop(self) -> None:
-        """Heal, end the JVMs and proxies, remove namespaces, links, bridge and directory; whatever state it is in."""
+    def stop(self, keep_logs: Path | None = None) -> None:
+        """End the JVMs and proxies, remove namespaces, links, bridge and directory, whatever state it is in;
+        first copy each node's logs into ``keep_logs`` if given."""
+        if keep_logs is not None:
+            for node in self.nodes.values():
+                for log in [node.dir / "console.log", node.dir / "proxy.log", *node.dir.glob("logs/*.log")]:
+                    with contextlib.suppress(OSError):
+                        shutil.copy(log, keep_logs / f"{node.name}-{log.name}")
         for node in self.nodes.values():
             for process in (node.proxy, node.jvm):
                 if process is not None and process.poll() is None:
@@ -373,9 +379,9 @@ class NetnsCluster:
                 last = e
         raise AssertionError(f"no node answered {method} {path}: {last}")
 
-    def local_view(self, i: int) -> dict[str, Any]:
+    def local_view(self, i: int, timeout: float = 5.0) -> dict[str, Any]:
         """What node ``i`` itself believes (``local=true``, no master needed): its master and the nodes it counts."""
-        state = self.request("/_cluster/state/master_node,nodes?local=true", node=i, timeout=5)
+        state = self.request("/_cluster/state/master_node,nodes?local=true", node=i, timeout=timeout)
         names = {node_id: n["name"] for node_id, n in (state.get("nodes") or {}).items()}
         master = state.get("master_node")
         return {"master": names.get(master) if master else None, "nodes": sorted(names.values())}
@@ -408,6 +414,17 @@ class NetnsCluster:
 
     def shards(self, index: str, node: int | None = None) -> list[dict[str, Any]]:
         return self.request(f"/_cat/shards/{index}?format=json", node=node)
+
+    def routing(self, index: str, node: int | None = None) -> list[tuple[str, str, str]]:
+        """The copies of ``index``'s shard as the master's routing table has them: (node, "p" or "r", state).
+
+        Unlike ``_cat/shards``, no node is asked for statistics: it answers while a peer is cut off.
+        """
+        name = self.concrete(index) if ".floor-" not in index else index
+        state = self.request(f"/_cluster/state/routing_table,nodes/{name}", node=node, timeout=5)
+        names = {node_id: n["name"] for node_id, n in (state.get("nodes") or {}).items()}
+        copies = state["routing_table"]["indices"][name]["shards"]["0"]
+        return [(names.get(c["node"], "unassigned"), "p" if c["primary"] else "r", c["state"]) for c in copies]
 
     def primary(self, index: str) -> int:
         for row in self.shards(index):
