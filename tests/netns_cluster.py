@@ -415,13 +415,13 @@ class NetnsCluster:
     def shards(self, index: str, node: int | None = None) -> list[dict[str, Any]]:
         return self.request(f"/_cat/shards/{index}?format=json", node=node)
 
-    def routing(self, index: str, node: int | None = None) -> list[tuple[str, str, str]]:
-        """The copies of ``index``'s shard as the master's routing table has them: (node, "p" or "r", state).
+    def routing(self, name: str, node: int, timeout: float = 2.0) -> list[tuple[str, str, str]]:
+        """The copies of concrete index ``name``'s shard as node ``node`` last applied them: (node, "p"/"r", state).
 
-        Unlike ``_cat/shards``, no node is asked for statistics: it answers while a peer is cut off.
+        Node ``node``'s own view (``local=true``): no master is asked, no node for statistics (as ``_cat/shards``
+        does), so it answers at once while peers are cut off.
         """
-        name = self.concrete(index) if ".floor-" not in index else index
-        state = self.request(f"/_cluster/state/routing_table,nodes/{name}", node=node, timeout=5)
+        state = self.request(f"/_cluster/state/routing_table,nodes/{name}?local=true", node=node, timeout=timeout)
         names = {node_id: n["name"] for node_id, n in (state.get("nodes") or {}).items()}
         copies = state["routing_table"]["indices"][name]["shards"]["0"]
         return [(names.get(c["node"], "unassigned"), "p" if c["primary"] else "r", c["state"]) for c in copies]

@@ -84,13 +84,15 @@ def _roles(cluster: netns_cluster.NetnsCluster, index: str) -> dict[str, int]:
 class Partition(threading.Thread):
     """Wait for the workload to start, cut, watch what the nodes say while the cut lasts, heal.
 
-    ``cut`` makes the partition; ``noticed(views, shards)`` says whether the
-    cluster has reacted, from every node's own view and the index's shard table.
+    ``cut`` makes the partition; ``noticed(views, copies)`` says whether the
+    cluster has reacted, from every node's own view and the lock index's
+    shard copies as node ``watch`` (one that stays with the majority) has them.
     """
 
-    def __init__(self, cluster: netns_cluster.NetnsCluster, index: str, cut, noticed) -> None:
+    def __init__(self, cluster: netns_cluster.NetnsCluster, index: str, cut, noticed, watch: int) -> None:
         super().__init__(name="partition", daemon=True)
-        self.cluster, self.index, self._cut, self._noticed = cluster, index, cut, noticed
+        self.cluster, self._cut, self._noticed, self.watch = cluster, cut, noticed, watch
+        self.index = cluster.concrete(index)  # asked now: the alias is resolved by the master, which may be cut off
         self.started = threading.Event()
         self.out: dict[str, Any] = {"samples": []}
         self.error: BaseException | None = None
@@ -111,7 +113,7 @@ class Partition(threading.Thread):
                     except AssertionError as e:  # a node busy or stalled: say so, the cut goes on
                         views[i] = {"error": str(e)[:200]}
                 try:
-                    shards = self.cluster.routing(self.index, node=self._majority_node(views))
+                    shards = self.cluster.routing(self.index, self.watch)
                 except (AssertionError, KeyError) as e:
                     shards = [("error", str(e)[:200])]
                 at = round(time.monotonic() - cut_at, 1)
@@ -130,20 +132,13 @@ class Partition(threading.Thread):
             self.cluster.heal()
             self.out["healed_at"] = time.monotonic()
 
-    def _majority_node(self, views: dict[int, dict]) -> int | None:
-        """A node that has a master (the shard table needs one), else any."""
-        for i, view in views.items():
-            if view.get("master"):
-                return i
-        return None
-
 
 def _pairs():
     return [(a, b) for a in netns_cluster.NODES for b in netns_cluster.NODES if a != b]
 
 
-def _run(cluster: netns_cluster.NetnsCluster, case: str, cut, noticed, roles, index: str, conf: dict, tmp_path):
-    partition = Partition(cluster, index, cut, noticed)
+def _run(cluster: netns_cluster.NetnsCluster, case: str, cut, noticed, watch: int, roles, index, conf, tmp_path):
+    partition = Partition(cluster, index, cut, noticed, watch)
     partition.start()
     options = CheckOptions(processes=3, seconds=LEAD + CUT + SETTLE, faults=(), ttl=TTL, seed=29)
     try:
@@ -231,8 +226,8 @@ def test_the_primarys_node_isolated(whole, tmp_path):
     """The node of the lock index's primary (not the master) cut from both others: a replica is promoted."""
     conf, index, roles = _prepared(whole)
     primary = roles["primary"]
-    _, out = _run(whole, "primary isolated", lambda: whole.isolate(primary), _isolated(primary), roles, index, conf,
-                  tmp_path)  # fmt: skip
+    cut = lambda: whole.isolate(primary)  # noqa: E731
+    _, out = _run(whole, "primary isolated", cut, _isolated(primary), roles["master"], roles, index, conf, tmp_path)
     assert not any(ok for pair, ok in out["probe"].items() if f"n{primary}" in pair)
     assert all(ok for pair, ok in out["probe"].items() if f"n{primary}" not in pair)
     whole.wait_for_nodes(3, status="green", index=index, timeout=90)
@@ -243,7 +238,8 @@ def test_the_master_isolated(whole, tmp_path):
     """The elected master (not the primary's node) cut from both others: the two elect a new master."""
     conf, index, roles = _prepared(whole)
     master = roles["master"]
-    _run(whole, "master isolated", lambda: whole.isolate(master), _isolated(master), roles, index, conf, tmp_path)
+    cut = lambda: whole.isolate(master)  # noqa: E731
+    _run(whole, "master isolated", cut, _isolated(master), roles["third"], roles, index, conf, tmp_path)
     whole.wait_for_nodes(3, timeout=90)
     assert whole.master() != master, "the majority elected another master"
 
@@ -258,7 +254,7 @@ def test_a_non_transitive_bridge(whole, tmp_path):
     def noticed(views, shards) -> bool:  # C's copy failed (not STARTED), every node still in the cluster
         return any(node == f"n{c}" and state != "STARTED" for node, _, state in shards if node != "error")
 
-    _, out = _run(whole, "non-transitive bridge", lambda: whole.cut(a, c), noticed, roles, index, conf, tmp_path)
+    _, out = _run(whole, "non-transitive bridge", lambda: whole.cut(a, c), noticed, b, roles, index, conf, tmp_path)
     probe = out["probe"]
     assert not probe[f"n{a}->n{c}"] and not probe[f"n{c}->n{a}"]
     assert probe[f"n{a}->n{b}"] and probe[f"n{b}->n{c}"] and probe[f"n{b}->n{a}"] and probe[f"n{c}->n{b}"]
