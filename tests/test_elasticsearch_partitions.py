@@ -251,8 +251,13 @@ def test_a_non_transitive_bridge(whole, tmp_path):
     conf, index, roles = _prepared(whole)
     a, b, c = roles["primary"], roles["master"], roles["third"]
 
-    def noticed(views, shards) -> bool:  # C's copy failed (not STARTED), every node still in the cluster
-        return any(node == f"n{c}" and state != "STARTED" for node, _, state in shards if node != "error")
+    def noticed(views, copies) -> bool:  # the master failed C's copy (none STARTED on C), yet no node was removed
+        return (
+            bool(copies)
+            and copies[0][0] != "error"
+            and not any(node == f"n{c}" and state == "STARTED" for node, _, state in copies)
+            and all(len(v.get("nodes", ())) == 3 for v in views.values())
+        )
 
     _, out = _run(whole, "non-transitive bridge", lambda: whole.cut(a, c), noticed, b, roles, index, conf, tmp_path)
     probe = out["probe"]
