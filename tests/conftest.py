@@ -15,7 +15,7 @@ import pytest
 from django_esdlock.conf import load_backend
 from django_esdlock.exceptions import LockBackendUnavailable
 
-from . import browser, throwaway_postgres
+from . import browser, netns_cluster, throwaway_postgres
 from .contract import store_params
 from .dbstores import database_url, fresh_database, postgres_store, shared_db_store, sqlite_store
 from .peer import Peer
@@ -53,6 +53,8 @@ CI_SKIPS_ALLOWED = (
     ("noida-db", _on_noida),
     # The three-node cluster: ./runtests starts it beside the genuine node, never beside noida-db.
     ("no ELASTICSEARCH_HOSTS", _on_noida),
+    # The partition tests' namespaced cluster: a machine without ../shared has no genuine Elasticsearch to run.
+    ("no ../shared/elasticsearch", lambda: not netns_cluster.TARBALL.exists()),
 )
 """(text in the skip reason, when it is allowed) for the only skips a ``CI=true`` run accepts."""
 
