@@ -117,8 +117,8 @@ def replicated_postgres(synchronous: bool = True, lag: float = LAG) -> Iterator[
             "primary": "a",
         }
         _save(directory, state)
-        _run(state, directory, [_bin(state, "initdb"), "-D", _data(directory, "a"), "-U", "postgres",
-                                "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync", "--no-instructions"])  # fmt: skip
+        initdb = [_bin(state, "initdb"), "-D", _data(directory, "a"), "-U", "postgres", "--auth=trust"]
+        _run(state, directory, [*initdb, "--encoding=UTF8", "--locale=C", "--no-sync", "--no-instructions"])
         _start(state, directory, "a")
         _follow(state, directory, "b", "a")
         hosts = ",".join(f"127.0.0.1:{ports[node]}" for node in NODES)
