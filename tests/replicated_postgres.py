@@ -38,6 +38,7 @@ import pwd
 import queue
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -313,6 +314,7 @@ def _shut(s: socket.socket) -> None:
 
 
 def _serve(synchronous: bool) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a kill stops the servers too
     with replicated_postgres(synchronous=synchronous) as pair:
         print(f"url {pair.url}\nfailover {pair.failover}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
