@@ -60,8 +60,11 @@ TIMEOUT = 60.0
 DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 """PostgreSQL's defaults: a commit is acknowledged once it is on disk (the throwaway server turns them off)."""
 
-LAG = 1.0
+LAG = 2.0
 """Seconds the asynchronous standby's WAL arrives late by default."""
+
+HANDSHAKE = 0.5
+"""Seconds after a standby connects before its link starts to lag (see :class:`DelayedLink`)."""
 
 STATE = "pair.json"
 """The pair's state in its directory: the binaries, the servers' ports, which one is the primary."""
@@ -246,7 +249,7 @@ class DelayedLink:
     """Forward ``127.0.0.1:port`` to a local server; bytes from the server arrive ``delay`` seconds late.
 
     A pipeline, not a throttle: each chunk is due ``delay`` after it arrived,
-    whatever came before it, as on a long link. What is in flight when the
+    whatever came before it, as on a long link or behind a busy standby. What is in flight when the
     server dies is still delivered when due (the standby, promoted meanwhile,
     no longer reads it).
     """
@@ -286,9 +289,13 @@ class DelayedLink:
         _shut(sink)
 
     def _read(self, source: socket.socket, chunks: queue.Queue) -> None:
+        opened = time.monotonic()
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
-                chunks.put((time.monotonic() + self.delay, data))
+                now = time.monotonic()
+                # The connection's first moments (the replication handshake, a dozen round trips) go through
+                # at once: the lag is the stream's, and a standby attaches in a moment, not a dozen lags.
+                chunks.put((now + (self.delay if now - opened > HANDSHAKE else 0.0), data))
         chunks.put(None)
 
     def _deliver(self, chunks: queue.Queue, sink: socket.socket) -> None:
