@@ -12,9 +12,11 @@ from __future__ import annotations
 import collections
 import re
 import subprocess
+from io import StringIO
 
 import psycopg
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.utils import ConnectionHandler
 
@@ -202,10 +204,15 @@ def test_the_checker_catches_a_failover_to_an_asynchronous_standby(lock_check, a
     assert found.keys() & {"a", "b"}, result.report()  # overlapping grants, tokens gone back
 
 
-def test_a_failing_failover_command_is_reported(lock_check, sqlite_url):
-    result = lock_check(sqlite_url, seconds=1.5, processes=1, faults=("store-failover",), store_failover="exit 3")
-    problems = result.summary["store_command_problems"]
-    assert problems and problems[0].startswith("store-failover command exited 3"), problems
-    assert re.search(r"store commands +PROBLEMS: store-failover command exited 3", result.report()), result.report()
+def test_a_failing_failover_command_is_reported_and_fails_the_command(lock_check, sqlite_url, django_db_blocker):
+    out = StringIO()
+    with django_db_blocker.unblock(), pytest.raises(CommandError, match="store-failover command exited 3") as raised:
+        call_command(
+            "lock_check", "--backend-url", sqlite_url, "--faults", "store-failover", "--store-failover",
+            "echo no standby >&2; exit 3", "--seconds", "1.5", "--processes", "1", "--ttl", "1", stdout=out,
+        )  # fmt: skip
+    assert raised.value.returncode == 1 and "no standby" in str(raised.value)
+    assert re.search(r"store commands +PROBLEMS: store-failover command exited 3: no standby", out.getvalue())
+    assert re.search(r"faults injected +store-failover [1-9]", out.getvalue()), out.getvalue()
     skipped = lock_check(sqlite_url, seconds=0.5, processes=1, faults=("store-failover",))
     assert "--store-failover CMD" in skipped.skipped["store-failover"]
