@@ -118,3 +118,25 @@ def test_migrations_load_the_files_and_rewrite_no_earlier_text(migration):
     text = path.read_text()
     assert "function_sql(" in text
     assert ".replace(" not in text and "import_module" not in text and "CREATE OR REPLACE FUNCTION" not in text
+
+
+def test_a_multi_host_database_is_every_server_of_its_list():
+    """libpq's multi-host form (``HOST`` "h1,h2", ``PORT`` "p1,p2"): lock_check proxies each server, in order."""
+    url = "postgres://u@db1:5001,db2:5002/locks?target_session_attrs=read-write"
+    backend = DatabaseLockBackend(url=url)
+    assert backend.endpoints() == ([("db1", 5001), ("db2", 5002)], "")
+    assert "db1:5001,db2:5002" in backend.describe()
+    assert backend.options_through({"url": url}, [7001, 7002]) == {
+        "url": "postgres://u@127.0.0.1:7001,127.0.0.1:7002/locks?target_session_attrs=read-write"
+    }
+    settings = {
+        "NAME": "locks",
+        "USER": "u",
+        "HOST": "db1,db2",
+        "PORT": "5432",
+        "OPTIONS": {"target_session_attrs": "read-write"},
+    }
+    dialect = backend.dialect
+    assert dialect.endpoints(settings) == ([("db1", 5432), ("db2", 5432)], "")  # one port serves every host
+    through = dialect.url_through(settings, "127.0.0.1", [7001, 7002])
+    assert through == "postgres://u@127.0.0.1:7001,127.0.0.1:7002/locks?target_session_attrs=read-write"

@@ -175,7 +175,8 @@ def test_fault_counts_and_lengths_come_from_the_history():
     ]
     summary = summarize(events)
     assert summary["faults"] == {
-        "kill": 1, "pause": 2, "store": 0, "blackhole": 1, "latency": 1, "clock": 1, "store-restart": 0, "failover": 0,
+        "kill": 1, "pause": 2, "store": 0, "blackhole": 1, "latency": 1, "clock": 1, "store-restart": 0,
+        "store-failover": 0, "failover": 0,
     }  # fmt: skip
     seconds = summary["fault_seconds"]
     assert (seconds["blackhole"], seconds["latency"], seconds["pause"]) == (1.5, 1.0, 3.5)

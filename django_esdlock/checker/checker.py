@@ -57,9 +57,13 @@ class Violation:
 
 NODE_EVENTS = ("node_kill", "node_restart", "node_restarted", "cluster_whole")
 """The failover fault's events: an Elasticsearch node killed, its restart started and ended, the cluster whole."""
-LINK_EVENTS = ("blackhole", "flow", "latency", "latency_end", "store_restart", "store_restarted")
-"""The black-hole, latency and store-restart faults' events: each begins and ends a span."""
-STORE_EVENTS = ("cut", "restore", *NODE_EVENTS, *LINK_EVENTS, "clock", "clock_end")
+LINK_EVENTS = ("blackhole", "flow", "latency", "latency_end")
+"""The black-hole and latency faults' events: each begins and ends a span."""
+STORE_COMMAND_EVENTS = ("store_restart", "store_restarted", "store_failover", "store_failed_over")
+"""The store-restart and store-failover faults' events: the user's command began, and ended."""
+STORE_COMMAND_FAULTS = ("store-restart", "store-failover")
+"""The faults that run a shell command of the user's (``--store-restart CMD``, ``--store-failover CMD``)."""
+STORE_EVENTS = ("cut", "restore", *NODE_EVENTS, *LINK_EVENTS, *STORE_COMMAND_EVENTS, "clock", "clock_end")
 """Fault events that touch every process: the store's, and the clock fault (it sets every worker's clock off)."""
 
 FAULT_SPANS = {
@@ -69,6 +73,7 @@ FAULT_SPANS = {
     "latency": ("latency", "latency_end"),
     "clock": ("clock", "clock_end"),
     "store-restart": ("store_restart", "store_restarted"),
+    "store-failover": ("store_failover", "store_failed_over"),
     "failover": ("node_kill", "node_restarted"),
 }
 """Each fault (as ``--faults`` names it) and the events that begin and end one injection of it."""
@@ -396,7 +401,17 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
             if e["type"] in ("failover_error", "node_not_back", "cluster_not_whole")
             or (e["type"] == "node_restarted" and e.get("exitcode"))
         ],
+        "store_command_problems": [
+            f"{fault} command {_ended(e)}: {e.get('output') or 'no output'}"
+            for fault in STORE_COMMAND_FAULTS
+            for e in events
+            if e["type"] == FAULT_SPANS[fault][1] and e.get("exitcode") != 0
+        ],
     }
+
+
+def _ended(event: dict[str, Any]) -> str:
+    return "timed out" if event.get("exitcode") is None else f"exited {event['exitcode']}"
 
 
 def _fault_counts(events: list[dict[str, Any]]) -> tuple[dict[str, int], dict[str, float]]:

@@ -1,5 +1,5 @@
 """The nemesis: pauses (SIGSTOP past the lease, then SIGCONT), kills (SIGKILL mid-hold), store cuts, black holes,
-slow links, skewed wall clocks, store restarts and node failovers."""
+slow links, skewed wall clocks, store restarts, store failovers and node failovers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-FAULTS = ("pause", "kill", "store", "blackhole", "latency", "clock", "store-restart", "failover")
+from .checker import FAULT_SPANS
+
+FAULTS = ("pause", "kill", "store", "blackhole", "latency", "clock", "store-restart", "store-failover", "failover")
 """Every fault, in the order a run injects them (each in turn, one at a time)."""
 
 PROXY_FAULTS = ("store", "blackhole", "latency")
@@ -25,8 +27,8 @@ LATENCY = (0.02, 0.4)
 CLOCK_OFFSET_MINUTES = (1.0, 10.0)
 """How far the clock fault sets a worker's wall clock off, either way (signs alternate from worker to worker)."""
 
-STORE_RESTART_TIMEOUT = 120.0
-"""Seconds the ``--store-restart`` command may take before it counts as failed (and is killed)."""
+STORE_COMMAND_TIMEOUT = 120.0
+"""Seconds a ``--store-restart`` or ``--store-failover`` command may take before it counts as failed (and is killed)."""
 
 
 class Nemesis:
@@ -50,6 +52,7 @@ class Nemesis:
         proxy: Any | None,
         failover: Any | None = None,
         store_restart: str | None = None,
+        store_failover: str | None = None,
     ) -> None:
         self.faults = list(faults)
         self.ttl = ttl
@@ -58,7 +61,7 @@ class Nemesis:
         self.workers = workers
         self.proxy = proxy
         self.failover_driver = failover
-        self.store_restart_command = store_restart
+        self.commands = {"store-restart": store_restart, "store-failover": store_failover}
         self.injected = dict.fromkeys(FAULTS, 0)
         self._kills = 0
         self._clock_sign = 1
@@ -179,16 +182,25 @@ class Nemesis:
 
     def store_restart(self, stopping: Callable[[], bool]) -> None:
         """Run ``--store-restart CMD`` (e.g. ``pg_ctl restart -m immediate``): the store goes down and comes back."""
-        command = self.store_restart_command
-        self.record("store_restart", command=command)
+        self._store_command("store-restart")
+
+    def store_failover(self, stopping: Callable[[], bool]) -> None:
+        """Run ``--store-failover CMD``: the store's primary dies and a standby is promoted in its place."""
+        self._store_command("store-failover")
+
+    def _store_command(self, fault: str) -> None:
+        """Run the user's command of ``fault`` between its begin and end events; its failure is recorded, not raised."""
+        command = self.commands[fault]
+        begin, end = FAULT_SPANS[fault]
+        self.record(begin, command=command)
         try:
             done = subprocess.run(
-                command, shell=True, capture_output=True, text=True, timeout=STORE_RESTART_TIMEOUT, check=False
+                command, shell=True, capture_output=True, text=True, timeout=STORE_COMMAND_TIMEOUT, check=False
             )
             exitcode, output = done.returncode, (done.stdout + done.stderr).strip()[-500:]
         except subprocess.TimeoutExpired:
-            exitcode, output = None, f"still running after {STORE_RESTART_TIMEOUT:g}s: {shlex.quote(command)}"
-        self.record("store_restarted", exitcode=exitcode, output=output if exitcode else "")
+            exitcode, output = None, f"still running after {STORE_COMMAND_TIMEOUT:g}s: {shlex.quote(command)}"
+        self.record(end, exitcode=exitcode, output=output if exitcode != 0 else "")
 
     def failover(self, stopping: Callable[[], bool]) -> bool:
         """SIGKILL the node of the lock index's primary, or the master, in turn; restart it in the background."""

@@ -29,6 +29,8 @@ class CheckOptions:
     """Shell template that kills a node (default: SIGKILL of the pid it reports, for nodes on this machine)."""
     store_restart: str | None = None
     """Shell command that restarts the store abruptly (e.g. ``pg_ctl restart -m immediate -D DIR``)."""
+    store_failover: str | None = None
+    """Shell command that kills the store's primary and promotes a standby (see docs/topics/database.md)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.faults) - set(FAULTS)

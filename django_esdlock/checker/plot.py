@@ -15,6 +15,7 @@ SPAN_SHADES = {
     "latency": ("tab:orange", 0.2),
     "clock": ("tab:green", 0.2),
     "store-restart": ("tab:brown", 0.2),
+    "store-failover": ("tab:cyan", 0.2),
 }
 """The shade (colour, alpha) of each fault that spans a stretch of the run over every worker (its events:
 ``checker.FAULT_SPANS``)."""
@@ -79,7 +80,7 @@ def plot(result: Any, path: str) -> None:
     ax.set_title(
         f"lock_check {result.backend}: {len(result.violations)} violations\n"
         "X red, S blue, lost hatched; pauses gold, store cuts grey, kills dashed, Elasticsearch nodes down purple;\n"
-        "black holes black, slow links orange, skewed clocks green, store restarts brown",
+        "black holes black, slow links orange, skewed clocks green, store restarts brown, store failovers cyan",
         fontsize=9,
     )
     fig.tight_layout()

@@ -97,6 +97,9 @@ def summary_table(result: CheckResult) -> str:
         *((f"  {name}", f"skipped: {why}") for name, why in result.skipped.items()),
         ("  kills of intent holders", str(s["kills_holding_intent"])) if "kill" in result.options.faults else None,
         ("  nodes killed", _nodes_killed(s)) if s["nodes_killed"] or s["failover_problems"] else None,
+        ("  store commands", f"PROBLEMS: {'; '.join(s['store_command_problems'])}")
+        if s.get("store_command_problems")
+        else None,
         ("locks lost", f"{s['locks_lost']}, each told to its holder (lock.lost / LockLost)"),
         ("left held after reap", str(s["leftovers"])),
         ("violations", str(len(result.violations))),

@@ -226,6 +226,8 @@ def run_check(
         skipped["clock"] = "needs time-machine, which moves a process's wall clock alone: pip install time-machine"
     if "store-restart" in options.faults and not options.store_restart:
         skipped["store-restart"] = "needs --store-restart CMD, the command that restarts the store"
+    if "store-failover" in options.faults and not options.store_failover:
+        skipped["store-failover"] = "needs --store-failover CMD, the command that kills the primary, promotes a standby"
     directory = tempfile.mkdtemp(prefix="lock-check-")
     writer = HistoryWriter(Path(directory) / "command.jsonl", "command")
     nemesis_record = functools.partial(writer.record, process="nemesis")
@@ -265,6 +267,7 @@ def run_check(
             proxy=proxy,
             failover=failover,
             store_restart=options.store_restart,
+            store_failover=options.store_failover,
         )
         done = threading.Event()
         thread = threading.Thread(target=nemesis.run, args=(stop_at, done.is_set), name="lock-check-nemesis")

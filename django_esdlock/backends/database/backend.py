@@ -241,16 +241,19 @@ class DatabaseLockBackend(BaseLockBackend):
         return self.dialect.endpoints(self._base_settings())
 
     def options_through(self, options: dict[str, Any], ports: Sequence[int]) -> dict[str, Any]:
-        """``options`` with the database reached at 127.0.0.1:``ports[0]`` by URL (an alias becomes its URL)."""
+        """``options`` with the database reached at 127.0.0.1:``ports`` by URL (an alias becomes its URL).
+
+        One port per server of :meth:`endpoints`, in their order (a multi-host URL stays one).
+        """
         options = dict(options)
-        port = ports[0]
         if "url" in options:
             parts = urllib.parse.urlsplit(options["url"])
             auth = parts.netloc.rpartition("@")[0]
-            netloc = f"{auth + '@' if auth else ''}127.0.0.1:{port}"
+            servers = ",".join(f"127.0.0.1:{port}" for port in ports)
+            netloc = f"{auth + '@' if auth else ''}{servers}"
             options["url"] = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
         else:  # a DATABASES alias: the same database, by URL
-            options["url"] = self.dialect.url_through(connections.settings[options.pop("using")], "127.0.0.1", port)
+            options["url"] = self.dialect.url_through(connections.settings[options.pop("using")], "127.0.0.1", ports)
         return options
 
     # --- connections -----------------------------------------------------------
@@ -458,20 +461,33 @@ class DatabaseLockBackend(BaseLockBackend):
         self._schema_ready = True
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """Report an unreachable lock database (this connects: ``manage.py check --deploy`` asks for it)."""
+        """Report an unreachable lock database, and standbys a failover to which loses acknowledged grants.
 
-        def reach(cursor: Any) -> tuple[None, bool]:
+        This connects: ``manage.py check --deploy`` asks for it.
+        """
+
+        def reach(cursor: Any) -> tuple[str | None, bool]:
             cursor.execute(self.dialect.CHECK, [])
-            return None, False
+            return self.dialect.failover_risk(cursor), False
 
         try:
-            self._run("reach the database", reach, transaction=False)
+            risk = self._run("reach the database", reach, transaction=False)
         except LockBackendUnavailable as e:
             return [
                 checks.Error(
                     str(e),
                     hint="Start the database or fix LOCK_BACKEND['OPTIONS'].",
                     id="django_esdlock.E002",
+                )
+            ]
+        if risk:
+            return [
+                checks.Warning(
+                    f"{self.describe()}: a failover may lose granted locks: {risk}.",
+                    hint="Replicate the lock database synchronously (synchronous_standby_names names its standbys, "
+                    "synchronous_commit on) and fail over only to a synchronous standby: see "
+                    "'Failover to a standby' in the database topic of the docs.",
+                    id="django_esdlock.W012",
                 )
             ]
         return []

@@ -101,8 +101,9 @@ class Dialect:
         """The server's (host, port), for ``lock_check``'s proxy; or ``[]`` and why there is no connection to cut."""
         return [], f"{self.display_name} has no connection to cut"
 
-    def url_through(self, settings_dict: dict[str, Any], host: str, port: int) -> str:
-        """A database URL of ``settings_dict``'s database reached at ``host``:``port`` (its credentials kept)."""
+    def url_through(self, settings_dict: dict[str, Any], host: str, ports: Sequence[int]) -> str:
+        """A database URL of ``settings_dict``'s database reached at ``host``:``ports`` (one port per server of the
+        settings, its credentials kept)."""
         raise NotImplementedError(f"{self.display_name} has no connection to cut")
 
     @contextlib.contextmanager
@@ -137,6 +138,13 @@ class Dialect:
     def listen(self, wrapper: Any, cursor: Any) -> None:
         """Make this lock session listen for the releases that may free its waiting requests."""
         raise NotImplementedError(f"{type(self).__name__} does not notify")
+
+    def failover_risk(self, cursor: Any) -> str | None:
+        """Return why a failover of this database to one of its standbys may lose acknowledged grants, or None.
+
+        A database without standbys (or without replication: SQLite) has none.
+        """
+        return None
 
     def wait_for_release(self, wrapper: Any, timeout: float) -> bool:
         """Block until a release is announced to this session (True) or ``timeout`` passes (False)."""

@@ -63,6 +63,15 @@ class Command(BaseCommand):
             help="Shell command that restarts the store abruptly, run mid-run by the store-restart fault "
             "(for PostgreSQL e.g. 'pg_ctl restart -m immediate -D DATADIR'). Without it that fault is skipped.",
         )
+        parser.add_argument(
+            "--store-failover",
+            metavar="CMD",
+            help="Shell command that kills the store's primary and promotes a standby in its place, run mid-run by "
+            "the store-failover fault (for PostgreSQL: pg_ctl stop -m immediate on the primary, pg_ctl promote on "
+            "the standby; the clients reach the new primary through a multi-host URL). It returns once the new "
+            "primary takes writes (and, for the next run of it, a new standby follows). Without it that fault "
+            "is skipped.",
+        )
         parser.add_argument("--seed", type=int, help="Seed of the workload and the faults (default random).")
         parser.add_argument(
             "--ttl", type=positive(float), default=2.0, help="Lease of the workload's locks (default 2 s)."
@@ -107,6 +116,7 @@ class Command(BaseCommand):
                 failover_restart=options["failover_restart"],
                 failover_kill=options["failover_kill"],
                 store_restart=options["store_restart"],
+                store_failover=options["store_failover"],
             )
             config = _config(options["backend_url"], options["es_hosts"])
         except ValueError as e:
@@ -154,6 +164,9 @@ class Command(BaseCommand):
                 self.stderr.write(f"plot written to {options['plot']}")
         if result.violations:
             raise CommandError(f"{len(result.violations)} violation(s): see above", returncode=1)
+        problems = result.summary["store_command_problems"]
+        if problems:  # the fault asked for was not (or not always) injected: the run does not show what it claims
+            raise CommandError(redact(f"the store's command failed: {problems[0]}"), returncode=1)
 
 
 def _config(url: str | None, es_hosts: str | None) -> Any:

@@ -109,6 +109,27 @@ class PostgresDialect(Dialect):
     def is_missing_schema(self, error: BaseException) -> bool:
         return getattr(error, "sqlstate", None) in ("42P01", "42883", "42703")  # no such table, function, column
 
+    def failover_risk(self, cursor: Any) -> str | None:
+        """Asynchronous standbys: a failover to one loses the commits it had not received when the primary died.
+
+        What a role that may not read the standbys' state still sees: that
+        there are standbys, and ``synchronous_standby_names``.
+        """
+        cursor.execute(PostgresSQL.STANDBYS, [])
+        rows = cursor.fetchall()
+        if not rows:
+            return None  # a lone server: nothing to fail over to (a restart keeps every commit)
+        names, commit = rows[0][2], rows[0][3]
+        standbys = ", ".join(name or "?" for name, *_ in rows)
+        if not names.strip():
+            return f"its standbys ({standbys}) are asynchronous: synchronous_standby_names is empty"
+        if commit in ("off", "local"):
+            return f"the lock sessions' synchronous_commit is {commit!r}: no commit waits for a standby ({standbys})"
+        unsafe = [f"{name or '?'} ({state})" for name, state, *_ in rows if state in ("async", "potential")]
+        if unsafe:
+            return f"standbys that do not confirm every commit: {', '.join(unsafe)}"
+        return None
+
     def driver_notifies(self) -> bool:
         """Whether the driver is psycopg 3.2+, whose ``notifies()`` takes a timeout."""
         try:
@@ -129,18 +150,23 @@ class PostgresDialect(Dialect):
             return (psycopg2.Error,)
 
     def describe(self, settings_dict: dict[str, Any]) -> str:
-        host = settings_dict["HOST"] or "local socket"
-        port = settings_dict["PORT"]
-        return f"PostgreSQL database {settings_dict['NAME']!r} on {host}{':' + str(port) if port else ''}"
+        servers = ",".join(f"{host}{':' + str(port) if port else ''}" for host, port in _servers(settings_dict))
+        return f"PostgreSQL database {settings_dict['NAME']!r} on {servers or 'local socket'}"
 
     def endpoints(self, settings_dict: dict[str, Any]) -> tuple[list[tuple[str, int]], str]:
-        return [(settings_dict.get("HOST") or "127.0.0.1", int(settings_dict.get("PORT") or DEFAULT_PORT))], ""
+        return [(host or "127.0.0.1", int(port or DEFAULT_PORT)) for host, port in _servers(settings_dict)], ""
 
-    def url_through(self, settings_dict: dict[str, Any], host: str, port: int) -> str:
+    def url_through(self, settings_dict: dict[str, Any], host: str, ports: Sequence[int]) -> str:
         user = urllib.parse.quote(settings_dict.get("USER") or "", safe="")
         password = urllib.parse.quote(settings_dict.get("PASSWORD") or "", safe="")
         auth = f"{user}:{password}@" if password else f"{user}@" if user else ""
-        return f"postgres://{auth}{host}:{port}/{urllib.parse.quote(settings_dict['NAME'], safe='')}"
+        servers = ",".join(f"{host}:{port}" for port in ports)
+        # libpq's own options (target_session_attrs of a multi-host alias, sslmode) go with it.
+        query = urllib.parse.urlencode(
+            {k: v for k, v in settings_dict.get("OPTIONS", {}).items() if isinstance(v, str | int) and k != "pool"}
+        )
+        name = urllib.parse.quote(settings_dict["NAME"], safe="")
+        return f"postgres://{auth}{servers}/{name}{'?' + query if query else ''}"
 
     @contextlib.contextmanager
     def setup_guard(self, wrapper: Any, settings_dict: dict[str, Any]) -> Iterator[None]:
@@ -280,3 +306,13 @@ class PostgresDialect(Dialect):
         params = {"holder_ids": holder_ids, "namespace": namespace}
         record_rows = yield Statement(PostgresSQL.GRANT_RECORDS, params, Fetch.ALL)
         return (record_rows, holder_ids), False
+
+
+def _servers(settings_dict: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (host, port) of each server the settings name: libpq's multi-host form, ``HOST`` "h1,h2" with ``PORT``
+    "p1,p2" (or one port for every host)."""
+    hosts = str(settings_dict.get("HOST") or "").split(",")
+    ports = str(settings_dict.get("PORT") or "").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    return [(host.strip(), port.strip()) for host, port in zip(hosts, ports, strict=False) if host.strip() or port]

@@ -52,6 +52,13 @@ class PostgresSQL:
 
     BEGIN = "BEGIN"
 
+    # The standbys of the database the session is on, and what makes a commit wait for them. A role without
+    # pg_read_all_stats (or superuser) sees each standby's row but not its state: sync_state is NULL then.
+    STANDBYS = """
+SELECT application_name, sync_state, current_setting('synchronous_standby_names'), current_setting('synchronous_commit')
+FROM pg_stat_replication
+"""
+
     # A frozen client must not keep node rows locked for ever, nor make
     # acquirers queue behind it without end: both fail after a while instead.
     SESSION = """
