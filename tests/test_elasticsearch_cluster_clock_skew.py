@@ -257,8 +257,9 @@ def test_a_holder_trusts_its_lease_past_a_skewed_primarys_eviction_only_without_
         first_competitor_grant = min(e["t"] for e in events if e["type"] == "ok" and e["op"] != "holder")
         asked, granted = grants[name]
         waited = first_competitor_grant - asked["t"]
-        # The store ended the lease early by the skew (its cached clock: up to 200 ms late), before the resume.
-        assert TTL - SKEW - 0.5 < waited < RESUME_AFTER, f"{name}: competitor granted {waited:.3f}s after the request"
+        # The skewed store ended the lease early, by the skew (its cached clock: up to 200 ms late): before a holder
+        # without the margin stops trusting it. (When the competitor's answer arrives depends on the machine's load.)
+        assert TTL - SKEW - 0.5 < waited < TTL - 0.5, f"{name}: competitor granted {waited:.3f}s after the request"
         assert granted["t"] - asked["t"] < 0.5, "the grant took long: the holder's count starts at its request"
         violations = check_history(events)
         print(f"{name} (CLOCK_SKEW_MARGIN={margins[name]}): competitor granted {waited:.3f}s after the request; "

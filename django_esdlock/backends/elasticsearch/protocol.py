@@ -47,6 +47,18 @@ HEAD_POLL_FLOOR = 0.001
 QUIET_RELEASE_RETRY = 1.0
 """Seconds an acquire that failed keeps trying to give back what it took; the lease ends the rest."""
 
+ACQUIRE_CALL_BOUND = 6.0
+"""Seconds one try of an acquire may wait for the store, at most (less when the lease is shorter: a grant answered
+after its lease is lost at once). A node that holds a write back (a primary whose replica went silent, a cluster
+without a master) would otherwise keep a request with a timeout of 0 for the client's ``request_timeout`` per node."""
+
+RELEASE_CALL_BOUND = 8.0
+"""Seconds a release may wait for the store, busy answers retried included; the lease ends what it leaves."""
+
+QUIET_RELEASE_BOUND = 2.0
+"""Seconds the give-back of a failed acquire, or the withdrawal of a request's waiting markers, may wait for the
+store: the caller is failing or giving up already, and the lease or the marker's own expiry ends what is left."""
+
 SORT = [{"namespace": "asc"}, {"kind": "asc"}, {"key": "asc"}]
 """The order of lock nodes in every search: a stable order for pages."""
 
@@ -177,13 +189,16 @@ class Protocol:
         probe = [t for t in request.targets if t[0].id in blocked]
         outcome = answers.AcquireOutcome([], [], [], 0)
         sent = time.monotonic()
+        deadline = sent + min(self.held_for(request.ttl), ACQUIRE_CALL_BOUND)
         try:
             if probe:
-                items = yield from self._bulk_steps(self._acquire_items(probe, holder, request), "acquire", retry_for=0)
+                items = yield from self._bulk_steps(
+                    self._acquire_items(probe, holder, request), "acquire", retry_for=0, deadline=deadline
+                )
                 outcome = answers.read_acquire_items(request, items, probe, max_holders=self.max_holders_per_node)
             if not (outcome.refused or outcome.errors or outcome.busy):
                 rest = [t for t in request.targets if t not in probe]
-                outcome = answers.merge(outcome, (yield from self._take_steps(rest, holder, request)))
+                outcome = answers.merge(outcome, (yield from self._take_steps(rest, holder, request, deadline)))
         except LockBackendUnavailable:
             # A bulk may have been applied in part: give back whatever it took.
             nodes = [n for n, _ in request.targets]
@@ -210,7 +225,11 @@ class Protocol:
         return Grant(request=request, token=outcome.token, taken=tuple(outcome.taken))
 
     def _take_steps(
-        self, targets: Sequence[tuple[Node, modes.Mode]], holder: dict[str, Any], request: LockRequest
+        self,
+        targets: Sequence[tuple[Node, modes.Mode]],
+        holder: dict[str, Any],
+        request: LockRequest,
+        deadline: float,
     ) -> Steps[answers.AcquireOutcome]:
         """Take ``targets``: ``create`` where the node may be new, ACQUIRE where it exists; stop at the first refusal.
 
@@ -229,7 +248,7 @@ class Protocol:
         plain = not known
         operations = [op for node, mode in fresh for op in self._fresh_item(node, mode, holder, request, plain=plain)]
         operations += self._acquire_items(known, holder, request)
-        items = yield from self._bulk_steps(operations, "acquire", retry_for=0)
+        items = yield from self._bulk_steps(operations, "acquire", retry_for=0, deadline=deadline)
         fresh_items, known_items = items[: len(fresh)], items[len(fresh) :]
         existing = []
         created = []
@@ -255,7 +274,9 @@ class Protocol:
             max_holders=self.max_holders_per_node,
         )
         if existing and not (outcome.refused or outcome.errors or outcome.busy):
-            items = yield from self._bulk_steps(self._acquire_items(existing, holder, request), "acquire", retry_for=0)
+            items = yield from self._bulk_steps(
+                self._acquire_items(existing, holder, request), "acquire", retry_for=0, deadline=deadline
+            )
             outcome = answers.merge(
                 outcome, answers.read_acquire_items(request, items, existing, max_holders=self.max_holders_per_node)
             )
@@ -427,7 +448,10 @@ class Protocol:
             self._full.pop(request.holder_id, None)
         params = {"holder_id": request.holder_id}
         operations = [op for node, _ in request.targets for op in self._scripted(node, scripts.WITHDRAW, params)]
-        yield from self._bulk_steps(operations, "withdraw waiting markers")
+        # Markers end on their own: a short try, as for the give-back of a failed acquire.
+        yield from self._bulk_steps(
+            operations, "withdraw waiting markers", deadline=time.monotonic() + QUIET_RELEASE_BOUND
+        )
 
     def release(self, grant: Grant) -> bool:
         return drive(self._grant_release_steps(grant), self.perform)
@@ -469,6 +493,7 @@ class Protocol:
             return True
         # Quiet, the caller is failing already: a short try, and the lease ends what it leaves.
         retry_for = QUIET_RELEASE_RETRY if quiet else None
+        deadline = time.monotonic() + (QUIET_RELEASE_BOUND if quiet else RELEASE_CALL_BOUND)
         params = {
             "holder_id": holder_id,
             "owner_key": owner_key,
@@ -488,7 +513,10 @@ class Protocol:
             shapes.append(shape)
         resent: list[bool] = []
         try:
-            answered = iter((yield from self._bulk_steps(operations, "release", retry_for=retry_for, resent=resent)))
+            first = yield from self._bulk_steps(
+                operations, "release", retry_for=retry_for, resent=resent, deadline=deadline
+            )
+            answered = iter(first)
             per_node = [{verb: next(answered) for verb in shape} for shape in shapes]
             items = [standing_item(mine) for mine in per_node]
             changed = [
@@ -499,7 +527,9 @@ class Protocol:
             scripted = [(node, item) for node, item in zip(nodes, items, strict=True) if "update" in item]
             if changed:
                 operations = [op for node in changed for op in self._scripted(node, scripts.RELEASE, params)]
-                again = yield from self._bulk_steps(operations, "release", retry_for=retry_for, resent=resent)
+                again = yield from self._bulk_steps(
+                    operations, "release", retry_for=retry_for, resent=resent, deadline=deadline
+                )
                 scripted += zip(changed, again, strict=True)
         except LockBackendUnavailable:
             if quiet:
