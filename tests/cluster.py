@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -11,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +29,28 @@ def hosts() -> list[str]:
 
 def request(path: str, *, method: str = "GET", body: Any = None, timeout: float = 10.0, nodes=NODES) -> Any:
     """Ask the first of ``nodes`` (directly, not through a proxy) that answers; return the decoded JSON."""
+    return first_answer([f"http://127.0.0.1:930{i}" for i in nodes], path, method=method, body=body, timeout=timeout)
+
+
+def first_answer(bases: list[str], path: str, *, method: str = "GET", body: Any = None, timeout: float = 10.0) -> Any:
+    """Send the request to each base URL in turn until one answers; return its decoded JSON.
+
+    An HTTP error fails at once (the node answered); a node that cannot be reached is passed over.
+    """
     data = None if body is None else json.dumps(body).encode()
     last: Exception | None = None
-    for i in nodes:
+    for base in bases:
         req = urllib.request.Request(
-            f"http://127.0.0.1:930{i}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+            base + path, data=data, method=method, headers={"Content-Type": "application/json"}
         )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as answer:
                 return json.loads(answer.read() or b"null")
         except urllib.error.HTTPError as e:
-            raise AssertionError(f"{method} {path}: {e.code} {e.read()[:500]!r}") from e
+            raise AssertionError(f"{method} {base}{path}: {e.code} {e.read()[:500]!r}") from e
         except OSError as e:
             last = e
-    raise AssertionError(f"no node of {nodes} answered {method} {path}: {last}")
+    raise AssertionError(f"none of {bases} answered {method} {path}: {last}")
 
 
 def alive(i: int) -> bool:
@@ -154,6 +164,22 @@ def make_whole(timeout: float = 150.0) -> None:
 
 
 ES_BACKEND = "django_esdlock.backends.elasticsearch.ElasticsearchLockBackend"
+
+
+@contextlib.contextmanager
+def lock_configs() -> Iterator[Callable[..., dict]]:
+    """Yield ``make(ttl, **options)``, which returns :func:`lock_config`; at the end, the cluster whole again and
+    the lock indices made dropped."""
+    made: list[dict] = []
+
+    def make(ttl: float, **options: Any) -> dict:
+        made.append(lock_config(ttl, **options))
+        return made[-1]
+
+    yield make
+    make_whole()
+    for config in made:
+        drop_lock_index(config)
 
 
 def lock_config(ttl: float, **options: Any) -> dict:

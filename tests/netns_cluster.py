@@ -40,10 +40,10 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from . import cluster
 
 SHARED = Path(os.environ.get("ESDLOCK_ES_SHARED", Path(__file__).resolve().parents[2] / "shared" / "elasticsearch"))
 TARBALL = SHARED / "elasticsearch-7.0.0-oss.tar.gz"
@@ -364,20 +364,8 @@ class NetnsCluster:
     def request(self, path: str, *, node: int | None = None, method: str = "GET", body: Any = None,
                 timeout: float = 10.0) -> Any:  # fmt: skip
         """Ask node ``node`` (directly), or the first that answers; return the decoded JSON."""
-        data = None if body is None else json.dumps(body).encode()
-        last: Exception | None = None
-        for i in [node] if node else NODES:
-            req = urllib.request.Request(
-                self.nodes[i].direct + path, data=data, method=method, headers={"Content-Type": "application/json"}
-            )
-            try:
-                with urllib.request.urlopen(req, timeout=timeout) as answer:
-                    return json.loads(answer.read() or b"null")
-            except urllib.error.HTTPError as e:
-                raise AssertionError(f"{method} {path} on n{i}: {e.code} {e.read()[:500]!r}") from e
-            except OSError as e:
-                last = e
-        raise AssertionError(f"no node answered {method} {path}: {last}")
+        bases = [self.nodes[i].direct for i in ([node] if node else NODES)]
+        return cluster.first_answer(bases, path, method=method, body=body, timeout=timeout)
 
     def local_view(self, i: int, timeout: float = 5.0) -> dict[str, Any]:
         """What node ``i`` itself believes (``local=true``, no master needed): its master and the nodes it counts."""

@@ -38,17 +38,9 @@ def whole_cluster():
 
 
 @pytest.fixture
-def config(request, whole_cluster):
-    configs = []
-
-    def make(ttl: float, **options) -> dict:
-        configs.append(cluster.lock_config(ttl, **options))
-        return configs[-1]
-
-    yield make
-    cluster.make_whole()
-    for c in configs:
-        cluster.drop_lock_index(c)
+def config(whole_cluster):
+    with cluster.lock_configs() as make:
+        yield make
 
 
 def _counter_worker(config, until, state, lock_guard, log) -> dict:

@@ -70,16 +70,8 @@ def skewed_node():
 
 @pytest.fixture
 def configs(skewed_node):
-    made: list[dict] = []
-
-    def make(ttl: float, **options) -> dict:
-        made.append(cluster.lock_config(ttl, **options))
-        return made[-1]
-
-    yield make
-    cluster.make_whole()
-    for config in made:
-        cluster.drop_lock_index(config)
+    with cluster.lock_configs() as make:
+        yield make
 
 
 def primary_off_master_replica_on_skewed(config: dict) -> int:
