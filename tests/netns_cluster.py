@@ -322,6 +322,37 @@ class NetnsCluster:
                         process.wait(timeout=10)
         remove_stale()
 
+    def bootstrap_alone(self, i: int, timeout: float = 120.0) -> None:
+        """Make node ``i`` a cluster of its own, with the data it has: the operator's unsafe step.
+
+        Its JVM is killed, ``elasticsearch-node unsafe-bootstrap`` (Elasticsearch 7's tool for a cluster that
+        lost its master-eligible majority) makes it the sole voter of a new cluster, and it starts again. Cut
+        off from the others, it serves what its copies held when it was cut: a split brain.
+        """
+        node = self.nodes[i]
+        assert node.jvm is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.jvm.pid, signal.SIGKILL)
+        node.jvm.wait(timeout=30)
+        (node.dir / "es.pid").unlink(missing_ok=True)
+        es_home = HOME / "elasticsearch-7.0.0"
+        tool = [
+            "ip", "netns", "exec", node.ns, "runuser", "-u", ES_USER, "--", "env", f"JAVA_HOME={JAVA_HOME}",
+            f"ES_PATH_CONF={node.dir}/config", f"ES_TMPDIR={node.dir}/tmp", f"{es_home}/bin/elasticsearch-node",
+            "unsafe-bootstrap",
+        ]  # fmt: skip
+        done = subprocess.run(tool, input=b"y\n", capture_output=True, cwd=es_home, timeout=timeout)
+        assert done.returncode == 0, f"unsafe-bootstrap of {node.name}: {done.stdout[-2000:]!r} {done.stderr[-2000:]!r}"
+        self._start_node(node)
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(AssertionError):
+                if self.local_view(i, timeout=2).get("master") == node.name:
+                    return
+            assert node.jvm.poll() is None, f"{node.name} exited: {self.console(i)}"
+            assert time.monotonic() < deadline, f"{node.name} did not become a cluster of its own: {self.console(i)}"
+            time.sleep(0.5)
+
     # --- the cuts -------------------------------------------------------------------------
 
     def cut(self, a: int, b: int) -> None:

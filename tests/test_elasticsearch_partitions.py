@@ -266,3 +266,36 @@ def test_a_non_transitive_bridge(whole, tmp_path):
     probe = out["probe"]
     assert not probe[f"n{a}->n{c}"] and not probe[f"n{c}->n{a}"]
     assert probe[f"n{a}->n{b}"] and probe[f"n{b}->n{c}"] and probe[f"n{b}->n{a}"] and probe[f"n{c}->n{b}"]
+
+
+def test_a_split_brain_of_an_operators_unsafe_bootstrap_is_caught(partitioned, tmp_path):
+    """The unsafe variant: the primary's node cut off, then made a cluster of its own by the operator's
+    ``elasticsearch-node unsafe-bootstrap``, with the lock index acknowledging writes on one copy
+    (``wait_for_active_shards=1``, which W005 warns about). Two clusters grant the same locks: the checker
+    must report it. (With the default, a majority of copies, the lone node refuses every write.)
+
+    Last in the module: the cluster stays split (two cluster UUIDs), the module's finalizer removes it.
+    """
+    conf = _config(partitioned)
+    conf["OPTIONS"].update(number_of_replicas=2, wait_for_active_shards=1)
+    backend = load_backend(conf)
+    try:
+        backend.setup()
+        index = backend.index
+    finally:
+        backend.close()
+    roles = _roles(partitioned, index)
+    alone = roles["primary"]
+    partitioned.isolate(alone)
+    others = [i for i in netns_cluster.NODES if i != alone]
+    deadline = time.monotonic() + 60
+    while not all(partitioned.local_view(i).get("nodes") == [f"n{o}" for o in others] for i in others):
+        assert time.monotonic() < deadline, "the majority did not drop the cut-off node"
+        time.sleep(0.5)
+    partitioned.bootstrap_alone(alone)
+    options = CheckOptions(processes=3, seconds=8, faults=(), ttl=TTL, seed=29)
+    result = run_check(conf, options, history=str(tmp_path / "history.json"))
+    checks = sorted({v.check for v in result.violations})
+    print(f"\nsplit brain (n{alone} bootstrapped alone): {result.summary['grants']} grants, violations {checks}")
+    print(result.report())
+    assert "a" in checks or "b" in checks, result.report()
