@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, connections, models, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Case, Max, Value, When
 
 from ..exceptions import InvalidLockArgument, StaleFence
@@ -142,14 +142,22 @@ def fenced_update(queryset: models.QuerySet[Any], lock_or_token: Any, **values: 
         raise refused from e
 
 
-def fenced_save(instance: models.Model, lock_or_token: Any, update_fields: Iterable[str] | None = None) -> None:
+def fenced_save(
+    instance: models.Model,
+    lock_or_token: Any,
+    update_fields: Iterable[str] | None = None,
+    *,
+    using: str | None = None,
+) -> None:
     """Save ``instance`` fenced: update its row unless it carries a newer token, or insert it if there is none.
 
     Like :func:`fenced_update` for the row of ``instance.pk`` (its concrete
     fields, or ``update_fields``); the fence of ``instance`` is set to the
     token once written. An insert that loses a race to a concurrent one
     (the primary key taken meanwhile) becomes the fenced update of that row.
-    ``save()``'s signals are not sent, as by :meth:`QuerySet.update`.
+    ``using`` is the database, as for ``save()`` (default: the instance's, or the router's). An update sends no
+    signals, as :meth:`QuerySet.update() <django.db.models.query.QuerySet.update>`; an insert is a
+    ``save(force_insert=True)``.
     """
     model = type(instance)
     meta = model._meta
@@ -160,7 +168,7 @@ def fenced_save(instance: models.Model, lock_or_token: Any, update_fields: Itera
         update_fields = list(update_fields)
         _local_names(model, update_fields, fence)
     token = fence_token(lock_or_token, namespace=fence.namespace)
-    using = instance._state.db or transaction.router.db_for_write(model, instance=instance)
+    using = using or instance._state.db or router.db_for_write(model, instance=instance)
     fields = [f for f in meta.local_concrete_fields if not f.primary_key and f is not fence]
     if update_fields is not None:
         fields = [f for f in fields if f.name in update_fields or f.attname in update_fields]
@@ -188,6 +196,12 @@ async def afenced_update(queryset: models.QuerySet[Any], lock_or_token: Any, **v
     return await sync_to_async(fenced_update)(queryset, lock_or_token, **values)
 
 
-async def afenced_save(instance: models.Model, lock_or_token: Any, update_fields: Iterable[str] | None = None) -> None:
+async def afenced_save(
+    instance: models.Model,
+    lock_or_token: Any,
+    update_fields: Iterable[str] | None = None,
+    *,
+    using: str | None = None,
+) -> None:
     """Async :func:`fenced_save`, run in Django's thread for database work (``sync_to_async``)."""
-    await sync_to_async(fenced_save)(instance, lock_or_token, update_fields)
+    await sync_to_async(fenced_save)(instance, lock_or_token, update_fields, using=using)
