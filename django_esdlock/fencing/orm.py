@@ -28,7 +28,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connections, models, router, transaction
-from django.db.models import Case, Max, Value, When
+from django.db.models import F, Max
 
 from ..exceptions import InvalidLockArgument, StaleFence
 from .tokens import fence_token
@@ -61,6 +61,30 @@ class FenceField(models.BigIntegerField):
         if self.namespace is not None:
             kwargs["namespace"] = self.namespace
         return name, "django_esdlock.fencing.FenceField", args, kwargs
+
+
+class _Stamp(models.Expression):
+    """``CASE WHEN <fence> <= token THEN token ELSE NULL END``: the token, or NULL (refused) for a newer row.
+
+    Written out rather than built from ``Case``/``When``/``Q``: the same SQL,
+    a fraction of their compile time, which a one-row update on a fast store
+    notices. The token goes as a query parameter.
+    """
+
+    def __init__(self, fence: FenceField, token: int) -> None:
+        super().__init__(output_field=models.BigIntegerField())
+        self.fence: Any = F(fence.name)
+        self.token = token
+
+    def get_source_expressions(self) -> list[Any]:
+        return [self.fence]
+
+    def set_source_expressions(self, exprs: list[Any]) -> None:
+        (self.fence,) = exprs
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        sql, params = compiler.compile(self.fence)
+        return f"CASE WHEN {sql} <= %s THEN %s ELSE NULL END", (*params, self.token, self.token)
 
 
 def fence_field(model: type[models.Model]) -> FenceField:
@@ -126,11 +150,7 @@ def fenced_update(queryset: models.QuerySet[Any], lock_or_token: Any, **values: 
     fence = fence_field(model)
     _local_names(model, values, fence)
     token = fence_token(lock_or_token, namespace=fence.namespace)
-    stamp = Case(
-        When(**{f"{fence.name}__lte": token}, then=Value(token)),
-        default=Value(None),
-        output_field=models.BigIntegerField(),
-    )
+    stamp = _Stamp(fence, token)
     using = queryset.db
     try:
         with _savepoint_if_in_transaction(using):
