@@ -49,6 +49,7 @@ if (stored != null && stored > params.token) {
   }
 }
 """
+"""The Painless source of every fenced document write: refuses (``noop``) an older token or an unmet ``expect``."""
 
 RETRY_ON_CONFLICT = 10
 """A real node answers 409 to concurrent updates of one document: retried on the shard this many times."""
