@@ -140,3 +140,15 @@ def test_async_twin(es_url, index, client):
 
     asyncio.run(write())
     assert sources(client, index)["a"] == {"path": "/x", "fence": 5}
+
+
+def test_expect_compares_lists_a_list_append_as_compare_and_set(client, index):
+    """What a list-append workload (lock_check's guarded data) needs: append only to the list it read."""
+    client.index(index=index, id="ops", document={"ops": ["1-a"], "fence": 0}, refresh=True)
+    assert fenced_update_document(client, index, "ops", {"ops": ["1-a", "2-b"]}, 5, expect={"ops": ["1-a"]}) == (
+        "updated"
+    )
+    assert fenced_update_document(client, index, "ops", {"ops": ["1-a", "x"]}, 5, expect={"ops": ["1-a"]}) == (
+        "unmatched"
+    )
+    assert client.get(index=index, id="ops")["_source"] == {"ops": ["1-a", "2-b"], "fence": 5}

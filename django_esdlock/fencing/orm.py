@@ -89,7 +89,8 @@ class _Stamp(models.Expression):
 
 def fence_field(model: type[models.Model]) -> FenceField:
     """Return ``model``'s one FenceField; InvalidLockArgument if it has none or several."""
-    found = [f for f in model._meta.concrete_fields if isinstance(f, FenceField)]
+    # The table's own fields only: a parent's fence (multi-table inheritance) would be a second UPDATE.
+    found = [f for f in model._meta.concrete_model._meta.local_concrete_fields if isinstance(f, FenceField)]
     if len(found) != 1:
         raise InvalidLockArgument(
             f"{model._meta.label} has {len(found)} FenceFields; a fenced write needs exactly one "
@@ -182,7 +183,7 @@ def fenced_save(
     model = type(instance)
     meta = model._meta
     fence = fence_field(model)
-    if meta.parents:
+    if meta.concrete_model._meta.parents:
         raise InvalidLockArgument(f"{meta.label} inherits a table: fenced_save writes one table")
     if update_fields is not None:
         update_fields = list(update_fields)
