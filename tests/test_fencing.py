@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import random
 import threading
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, OperationalError, connections, transaction
 from django.db.migrations.writer import MigrationWriter
 from django.db.models import F
 
@@ -191,6 +192,48 @@ def test_racing_inserts_of_one_primary_key(alias):
         thread.join(timeout=60)
     assert not errors and not any(t.is_alive() for t in threads)
     assert state(alias) == [("raced", 14, 14)]
+
+
+def test_racing_multi_row_updates_are_all_or_nothing(alias):
+    """Threads update the same rows, some of them already at token 6, at once: first with tokens below 6 (every
+    one refused whole), then with tokens from 6 up in shuffled order (each written whole or refused whole).
+
+    Every update that goes through adds 1 to every row: rows whose counts
+    differ, or a count other than the updates reported written, would be a
+    half-written update.
+    """
+    accounts(alias, *(f"r{i}" for i in range(8)), fence=0)
+    Account.objects.using(alias).filter(name__in=["r1", "r4", "r6"]).update(fence=6)
+    written, errors = [], []
+
+    def update(token, barrier):
+        try:
+            barrier.wait()
+            for _ in range(3):
+                try:
+                    fenced_update(Account.objects.using(alias).all(), token, balance=F("balance") + 1)
+                    written.append(token)
+                except StaleFence:
+                    pass
+                except OperationalError as e:
+                    if alias != "default":  # SQLite may say "database is locked" under this many writers
+                        errors.append(e)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            connections.close_all()
+
+    for tokens in ([1, 2, 3, 4, 5], random.sample(range(6, 13), 7)):
+        barrier = threading.Barrier(len(tokens), timeout=30)
+        threads = [threading.Thread(target=update, args=(token, barrier)) for token in tokens]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert not errors and not any(t.is_alive() for t in threads)
+        balances = {b for _, b, _ in state(alias)}
+        assert balances == {10 + len(written)}, (balances, written)
+    assert written and min(written) >= 6 and {f for _, _, f in state(alias)} == {max(written)}
 
 
 def test_async_twins(alias):
