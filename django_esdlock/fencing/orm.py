@@ -71,8 +71,10 @@ class _Stamp(models.Expression):
     notices. The token goes as a query parameter.
     """
 
+    output_field = models.BigIntegerField()  # one for every stamp: a Field is costly to make
+
     def __init__(self, fence: FenceField, token: int) -> None:
-        super().__init__(output_field=models.BigIntegerField())
+        super().__init__()
         self.fence: Any = F(fence.name)
         self.token = token
 
