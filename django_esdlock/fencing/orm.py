@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import FieldDoesNotExist
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import F, Max
 
@@ -107,7 +108,7 @@ def _local_names(model: type[models.Model], names: Iterable[str], fence: FenceFi
     for name in names:
         try:
             field = meta.get_field(name)
-        except Exception as e:  # FieldDoesNotExist
+        except FieldDoesNotExist as e:
             raise InvalidLockArgument(f"{meta.label} has no field {name!r}") from e
         if field is fence:
             raise InvalidLockArgument(f"{fence.name} is the fence: the fenced write sets it to the token")
@@ -192,7 +193,8 @@ def fenced_save(
         _local_names(model, update_fields, fence)
     token = fence_token(lock_or_token, namespace=fence.namespace)
     using = using or instance._state.db or router.db_for_write(model, instance=instance)
-    fields = [f for f in meta.local_concrete_fields if not f.primary_key and f is not fence]
+    table_fields = meta.concrete_model._meta.local_concrete_fields  # a proxy's are its concrete model's
+    fields = [f for f in table_fields if not f.primary_key and f is not fence]
     if update_fields is not None:
         fields = [f for f in fields if f.name in update_fields or f.attname in update_fields]
 
