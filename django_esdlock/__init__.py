@@ -15,6 +15,7 @@ from .exceptions import (
     LockStoreBusy,
     LockTimeout,
     LockUnavailable,
+    StaleFence,
 )
 from .handoff import aresume_lock, resume_lock
 from .locks import Lock, global_lock, lock_documents, lock_tree
@@ -35,6 +36,7 @@ __all__ = [
     "LockTimeout",
     "LockUnavailable",
     "Mode",
+    "StaleFence",
     "aglobal_lock",
     "alock_documents",
     "alock_tree",

@@ -32,6 +32,20 @@ class LockLost(LockError):
     """The lease ran out or the holder record vanished: the lock is no longer held."""
 
 
+class StaleFence(LockLost):
+    """The data's store refused a write: what it guards carries a newer fencing token than the writer's.
+
+    A newer holder of the lock wrote there, so the writer's lock was lost
+    (paused past its lease, partitioned); nothing of the refused write was
+    kept. ``token`` is the writer's token, ``newer`` the newest token found.
+    """
+
+    def __init__(self, message: str, *, token: int | None = None, newer: int | None = None) -> None:
+        super().__init__(message)
+        self.token = token
+        self.newer = newer
+
+
 class LockDeadlock(LockError):
     """Waiting would never end: the caller waits for itself, or for owners that wait for it.
 

@@ -25,6 +25,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_esdlock",
     "example_project.fs",
+    "tests.fencing_app",  # rows the fencing tests write
     *TASKS_APPS,  # the example's renames as tasks
 ]
 MIDDLEWARE = [

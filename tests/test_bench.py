@@ -66,6 +66,8 @@ def expected_keys(store: str) -> set[str]:
         f"{store}.async.pair",
         f"{store}.async.tasks",
         f"{store}.async.wakeup.p50",
+        # fenced_update against QuerySet.update: the rows of a SQL store only
+        *((f"{store}.fencing.rows1", f"{store}.fencing.rows100") if store != "elasticsearch" else ()),
     }
 
 
@@ -231,3 +233,19 @@ def test_only_the_named_figures_are_measured():
     assert "wake_floor" not in report["facts"]  # no worker process was started
     with pytest.raises(CommandError, match="--only"):
         call_command("lock_bench", "--only", "graph,nothing", stdout=io.StringIO(), stderr=io.StringIO())
+
+
+@pytest.mark.usefixtures("_lock_connections")
+def test_fencing_figures_hold_fenced_update_against_a_plain_update_on_both_sql_stores():
+    figures = {}
+    for store in ("postgres", "sqlite"):
+        out = io.StringIO()
+        call_command("lock_bench", "--backend", store, "--only", "fencing", "--quick", "--json", stdout=out)
+        report = json.loads(out.getvalue())
+        assert report["errors"] == []
+        figures.update({f["key"]: f for f in report["figures"]})
+    assert set(figures) == {f"{s}.fencing.rows{n}" for s in ("postgres", "sqlite") for n in (1, 100)}
+    for key, figure in figures.items():
+        assert figure["value"] > 0 and figure["baseline"] > 0 and figure["baseline_label"] == "QuerySet.update", key
+        assert figure["met"] == verdict(figure), (key, figure)
+    assert figures["postgres.fencing.rows1"]["goal"] == "≥ 0.91x"

@@ -15,7 +15,7 @@ from django.conf import settings
 from ..conf import DEFAULT_DEADLOCK_TIMEOUT
 from ..noida import elasticsearch_url
 from ..redaction import redact, redact_data
-from . import async_tasks, scenarios
+from . import async_tasks, fencing, scenarios
 from .admin import changelist
 from .common import Figure
 from .graph import graph_figures, waiting_page
@@ -42,6 +42,7 @@ STAGES = (
     "admin_waiting",
     "async_pairs",
     "async_wakeup",
+    "fencing",
 )
 """The figures' stages, in the order they run: ``graph`` once (no store), the others on each store."""
 POOL_STAGES = frozenset({"wakeup", "contention", "global", "writer_wait", "deadlock", "async_wakeup"})
@@ -154,6 +155,7 @@ def _stages(
         "admin_waiting": lambda: waiting_page(kit, o.waiting_count, say),
         "async_pairs": lambda: async_tasks.pairs(kit, o.tasks, o.seconds, say),
         "async_wakeup": lambda: async_tasks.wakeup(kit, pool, o.wake_rounds, say),
+        "fencing": lambda: fencing.figures(kit, o.seconds, say),
     }
 
 

@@ -1,7 +1,7 @@
 """Renames for async views: ``renames.py``'s rename driven with awaits, on ``alock_tree`` and AsyncElasticsearch.
 
 What to send, what to check and what an answer means are ``renames.py``'s
-and ``documents.py``'s (``move_updates``, ``check_found``, ``walk_page``, …);
+and ``documents.py``'s (``move_documents``, ``check_found``, ``walk_page``, …);
 only the I/O differs. The file system is read and written through an
 ``AsyncElasticsearch`` client opened for the rename and closed after it: the
 event loop that serves the view owns its connections, and none outlives it.
@@ -12,27 +12,26 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from elasticsearch import AsyncElasticsearch
 
 from django_esdlock import AsyncLock, alock_tree
 from django_esdlock.backends.base import BaseLockBackend
+from django_esdlock.fencing import afenced_update_documents
 
 from .documents import ROOT, Entry, at_search, clean_path, entry_at, parent_of, subtree_query, walk_page
 from .renames import (
+    FENCE_FIELD,
     NAMESPACE,
     RenameInterrupted,
     RenameResult,
-    bulk_bodies,
-    bulk_operations,
     check_found,
     check_rename,
-    count_moved,
     lock_order,
     logger,
-    move_updates,
+    move_documents,
     rename_intent,
+    renaming_errors,
 )
 
 
@@ -64,8 +63,12 @@ class AsyncFsIndex:
             yield [Entry.from_hit(h) for h in hits]
             cursor = hits[-1]["sort"]
 
-    async def update(self, updates: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
-        return bulk_bodies(updates, await self.client.bulk(operations=bulk_operations(self.name, updates)))
+    async def move_batch(self, batch: list[Entry], src: str, dst: str, token: int) -> int:
+        """The awaited :func:`~.renames.move_batch`."""
+        with renaming_errors(token):
+            documents = move_documents(batch, src, dst)
+            writes = await afenced_update_documents(self.client, self.name, documents, token, field=FENCE_FIELD)
+        return len(writes.updated)
 
 
 async def amove_tree(index: AsyncFsIndex, src: str, dst: str, *, token: int, lock: AsyncLock, batch_size: int) -> int:
@@ -73,7 +76,7 @@ async def amove_tree(index: AsyncFsIndex, src: str, dst: str, *, token: int, loc
     moved = 0
     async for batch in index.walk(src, batch_size=batch_size):
         lock.check()
-        moved += count_moved(await index.update(move_updates(batch, src, dst, token)), token)
+        moved += await index.move_batch(batch, src, dst, token)
         await lock.checkpoint({"moved": moved, "after": batch[-1].path})
     await index.refresh()
     return moved

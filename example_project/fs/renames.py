@@ -7,11 +7,12 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from django_esdlock import Lock, lock_tree
 from django_esdlock.backends.base import BaseLockBackend
+from django_esdlock.fencing import FencedDocument, FencedWriteFailed, StaleFence, fenced_update_documents
 
 from .documents import ROOT, Entry, FsIndex, clean_path, is_within, join, name_of, parent_of
 
@@ -20,37 +21,15 @@ logger = logging.getLogger("example_project.fs")
 NAMESPACE = "fs"
 """The lock namespace of the example's file system."""
 
-# Guarantees, per document and atomically in the store: a write carrying an
-# older fencing token than the document's is refused (a stale holder whose
-# lease ran out cannot undo a newer holder's work), and a document that is no
-# longer at the path the mover read is left alone (re-running a batch is
-# harmless). Both refusals set ctx.op = 'none' and read back as `noop`.
-MOVE_SCRIPT = """
-if (params.token < ctx._source.token) {
-  ctx.op = 'none';
-} else if (ctx._source.path != params.from) {
-  ctx.op = 'none';
-} else {
-  ctx._source.path = params.to;
-  ctx._source.parent = params.parent;
-  ctx._source.name = params.name;
-  ctx._source.token = params.token;
-}
-"""
+FENCE_FIELD = "token"
+"""The field of an ``fs`` document holding the fencing token of the lock it was last written under.
 
-# Guarantee: a document's token only grows. A recovery claims every document
-# of the rename with it, so that the dead holder's token is refused everywhere,
-# not only where the recovery moved something; a newer token is left alone.
-CLAIM_SCRIPT = """
-if (ctx._source.token < params.token) {
-  ctx._source.token = params.token;
-} else {
-  ctx.op = 'none';
-}
+Writes go through :func:`django_esdlock.fencing.fenced_update_documents`: a
+write with an older token than the document's is refused (a stale holder
+whose lease ran out cannot undo a newer holder's work), and a document no
+longer at the path the mover read is left alone (``expect``: re-running a
+batch is harmless).
 """
-
-RETRY_ON_CONFLICT = 3
-"""A real cluster may answer 409 to concurrent updates of one document; retry on the shard."""
 
 
 class RenameError(Exception):
@@ -137,68 +116,41 @@ def lock_order(path: str) -> list[str]:
     return path.split("/")
 
 
-def bulk_operations(index_name: str, updates: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Return the ``_bulk`` body of one scripted update per (document id, script, params).
+def move_documents(batch: list[Entry], src: str, dst: str) -> list[FencedDocument]:
+    """Return the fenced writes that move ``batch`` (entries of ``src``'s subtree) under ``dst``.
 
-    Each item reads back the document's path and token, so that a ``noop``
-    can be told apart: refused as stale, or already done.
+    Each expects its document still at the path read: one moved meanwhile
+    (an earlier run of this batch) is left alone.
     """
-    operations: list[dict[str, Any]] = []
-    for doc_id, script, params in updates:
-        header = {"_index": index_name, "_id": doc_id, "retry_on_conflict": RETRY_ON_CONFLICT}
-        operations.append({"update": {**header, "_source": {"includes": ["path", "token"]}}})
-        operations.append({"script": {"source": script, "lang": "painless", "params": params}})
-    return operations
-
-
-def bulk_bodies(updates: list[tuple[str, str, dict[str, Any]]], response: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Return the item bodies of the ``_bulk`` answer to :func:`bulk_operations`; raise MoveFailed on an error."""
-    bodies = [item["update"] for item in response["items"]]
-    for (doc_id, _, _), body in zip(updates, bodies, strict=True):
-        if body.get("error"):
-            raise MoveFailed(f"updating document {doc_id} failed: {body['error'].get('reason', body['error'])}")
-    return bodies
-
-
-def _update_batch(index: FsIndex, updates: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Run one scripted update per (document id, script, params) in one ``_bulk``; return the item bodies."""
-    return bulk_bodies(updates, index.client.bulk(operations=bulk_operations(index.name, updates)))
-
-
-def move_updates(batch: list[Entry], src: str, dst: str, token: int) -> list[tuple[str, str, dict[str, Any]]]:
-    """Return the :data:`MOVE_SCRIPT` updates that move ``batch`` (entries of ``src``'s subtree) under ``dst``."""
-    updates = []
+    documents = []
     for entry in batch:
         new_path = dst + entry.path[len(src) :]
-        params = {
-            "token": token,
-            "from": entry.path,
-            "to": new_path,
-            "parent": parent_of(new_path),
-            "name": name_of(new_path),
-        }
-        updates.append((entry.id, MOVE_SCRIPT, params))
-    return updates
+        doc = {"path": new_path, "parent": parent_of(new_path), "name": name_of(new_path)}
+        documents.append(FencedDocument(entry.id, doc, expect={"path": entry.path}))
+    return documents
 
 
-def count_moved(bodies: list[dict[str, Any]], token: int) -> int:
-    """Return how many of a move batch's item bodies moved their document; raise StaleToken if any was refused."""
-    moved = 0
-    refused = []
-    for body in bodies:
-        if body.get("result") == "updated":
-            moved += 1
-        elif body.get("result") == "noop":
-            current = body.get("get", {}).get("_source", {})
-            if current.get("token", 0) > token:
-                refused.append(f"{current.get('path')} (token {current.get('token')})")
-            # else: no longer at the path read, already moved by an earlier run of this batch
-    if refused:
+@contextlib.contextmanager
+def renaming_errors(token: int) -> Iterator[None]:
+    """Turn the fencing helpers' errors into the rename's: StaleToken, MoveFailed."""
+    try:
+        yield
+    except StaleFence as e:
         raise StaleToken(
-            f"the store refused {len(refused)} write(s) with token {token}: newer writes exist, "
-            f"e.g. {refused[0]}; this lock is stale (lost, or the lock store was reset)"
+            f"the store refused writes with token {token}: newer writes exist (token {e.newer}); "
+            "this lock is stale (lost, or the lock store was reset)"
+        ) from e
+    except FencedWriteFailed as e:
+        raise MoveFailed(str(e)) from e
+
+
+def move_batch(index: FsIndex, batch: list[Entry], src: str, dst: str, token: int) -> int:
+    """Move ``batch`` under ``dst`` in one fenced ``_bulk``; return how many moved (StaleToken, MoveFailed)."""
+    with renaming_errors(token):
+        writes = fenced_update_documents(
+            index.client, index.name, move_documents(batch, src, dst), token, field=FENCE_FIELD
         )
-    return moved
+    return len(writes.updated)
 
 
 def move_tree(
@@ -217,7 +169,7 @@ def move_tree(
     """Move ``src`` and everything below it to the same places under ``dst``; return how many moved.
 
     Entries go in path order, ``batch_size`` per ``_bulk``, each stamped with
-    ``token`` through :data:`MOVE_SCRIPT`. After each batch the ``lock`` (if
+    ``token`` by :func:`move_batch`. After each batch the ``lock`` (if
     given) is checked and its checkpoint set to ``{"moved", "after"}``, the
     last path done: a recovery resumes after it. Raise StaleToken if the store
     refused a write as older than the document's, MoveFailed on another error.
@@ -226,7 +178,7 @@ def move_tree(
     for batch in index.walk(src, after=after, batch_size=batch_size, fields=["path"]):
         if lock is not None:
             lock.check()
-        moved += count_moved(_update_batch(index, move_updates(batch, src, dst, token)), token)
+        moved += move_batch(index, batch, src, dst, token)
         if lock is not None:
             lock.checkpoint({"moved": moved_before + moved, "after": batch[-1].path})
         if progress is not None:
@@ -238,17 +190,21 @@ def move_tree(
 
 
 def claim_tree(index: FsIndex, top: str, *, token: int, lock: Lock | None = None, batch_size: int = 500) -> int:
-    """Raise the token of every entry of ``top``'s subtree to ``token`` (:data:`CLAIM_SCRIPT`); return how many rose.
+    """Stamp every entry of ``top``'s subtree with ``token`` (a fenced write of nothing else); return how many.
 
     Only for a subtree the caller's lock covers: a claimed document refuses
-    every write with an older token, its previous holder's included.
+    every write with an older token, its previous holder's included. A
+    document with a newer token than ``token`` means the caller's lock is
+    stale itself: StaleToken.
     """
     claimed = 0
     for batch in index.walk(top, batch_size=batch_size, fields=["path"]):
         if lock is not None:
             lock.check()
-        bodies = _update_batch(index, [(entry.id, CLAIM_SCRIPT, {"token": token}) for entry in batch])
-        claimed += sum(body.get("result") == "updated" for body in bodies)
+        with renaming_errors(token):
+            documents = [FencedDocument(entry.id, {}) for entry in batch]
+            writes = fenced_update_documents(index.client, index.name, documents, token, field=FENCE_FIELD)
+        claimed += len(writes.updated)
     index.refresh()
     return claimed
 
