@@ -323,11 +323,9 @@ class NetnsCluster:
         remove_stale()
 
     def bootstrap_alone(self, i: int, timeout: float = 120.0) -> None:
-        """Make node ``i`` a cluster of its own, with the data it has: the operator's unsafe step.
-
-        Its JVM is killed, ``elasticsearch-node unsafe-bootstrap`` (Elasticsearch 7's tool for a cluster that
-        lost its master-eligible majority) makes it the sole voter of a new cluster, and it starts again. Cut
-        off from the others, it serves what its copies held when it was cut: a split brain.
+        """Restart node ``i`` as a cluster of its own: its data path wiped, ``cluster.initial_master_nodes`` naming
+        it alone and no seed hosts. The misconfiguration Elasticsearch 7's bootstrapping warns against (the 6.x
+        ``minimum_master_nodes`` of Jepsen's split brains): two clusters of one name, both answering clients.
         """
         node = self.nodes[i]
         assert node.jvm is not None
@@ -335,14 +333,15 @@ class NetnsCluster:
             os.killpg(node.jvm.pid, signal.SIGKILL)
         node.jvm.wait(timeout=30)
         (node.dir / "es.pid").unlink(missing_ok=True)
-        es_home = HOME / "elasticsearch-7.0.0"
-        tool = [
-            "ip", "netns", "exec", node.ns, "runuser", "-u", ES_USER, "--", "env", f"JAVA_HOME={JAVA_HOME}",
-            f"ES_PATH_CONF={node.dir}/config", f"ES_TMPDIR={node.dir}/tmp", f"{es_home}/bin/elasticsearch-node",
-            "unsafe-bootstrap",
-        ]  # fmt: skip
-        done = subprocess.run(tool, input=b"y\n", capture_output=True, cwd=es_home, timeout=timeout)
-        assert done.returncode == 0, f"unsafe-bootstrap of {node.name}: {done.stdout[-2000:]!r} {done.stderr[-2000:]!r}"
+        shutil.rmtree(node.dir / "data")
+        (node.dir / "data").mkdir()
+        config = node.dir / "config" / "elasticsearch.yml"
+        lines = [
+            line for line in config.read_text().splitlines() if not line.startswith(("discovery.", "cluster.init"))
+        ]
+        lines += ["discovery.seed_hosts: []", f'cluster.initial_master_nodes: ["{node.name}"]']
+        config.write_text("\n".join(lines) + "\n")
+        run("chown", "-R", ES_USER, str(node.dir))
         self._start_node(node)
         deadline = time.monotonic() + timeout
         while True:

@@ -28,6 +28,7 @@ from django_esdlock.checker.history import read_events
 from django_esdlock.conf import load_backend
 
 from . import cluster
+from .history_workers import take_and_hold
 from .peer import setup_django
 from .procs import spawned
 
@@ -157,47 +158,6 @@ def _paused_holder(config: dict, namespace: str, history_path: str) -> dict:
     return {"token": lock.token, "release": outcome}
 
 
-def _competitor(config: dict, namespace: str, history_path: str) -> dict:
-    """Ask for /file, never waiting (``timeout=0``), every 50 ms until granted: new requests arriving one after
-    another, as in a busy app (a queued waiter would sleep until the lease's end as its stamp tells); hold it 2 s."""
-    setup_django()
-    from django_esdlock import lock_tree
-    from django_esdlock.checker.history import HistoryWriter
-    from django_esdlock.checker.workload import node_list
-    from django_esdlock.exceptions import LockBackendUnavailable, LockUnavailable
-
-    backend = load_backend(config)
-    history = HistoryWriter(history_path, f"competitor-{os.getpid()}")
-    deadline = time.monotonic() + 60
-    attempt = 0
-    while time.monotonic() < deadline:
-        op = f"competitor-{attempt}"
-        attempt += 1
-        lock = lock_tree("/file", namespace=namespace, timeout=0, backend=backend)
-        history.record("invoke", op=op, kind="tree", api="lock_tree", nodes=node_list(lock.targets), timeout=0)
-        try:
-            lock.acquire()
-        except LockUnavailable as e:
-            history.record("fail", op=op, outcome="unavailable", error=str(e))
-            time.sleep(0.05)
-            continue
-        except LockBackendUnavailable as e:  # the failover under way
-            history.record("fail", op=op, outcome="store_unavailable", error=str(e))
-            time.sleep(0.05)
-            continue
-        history.record("ok", op=op, holder=lock.holder_id, token=lock.token)
-        until = time.monotonic() + 2
-        while time.monotonic() < until:
-            history.record("write", op=op, token=lock.token, valid=not lock.lost)
-            time.sleep(0.02)
-        history.record("release", op=op, valid=not lock.lost)
-        lock.release()
-        history.record("released", op=op, outcome="ok")
-        backend.close()
-        return {"token": lock.token, "attempts": attempt}
-    raise AssertionError(f"no grant in {attempt} attempts")
-
-
 def _granted(path: Path, timeout: float = 60.0) -> tuple[dict, dict]:
     """The holder's 'invoke' and 'ok' events, once its process has stopped itself after the grant."""
     deadline = time.monotonic() + timeout
@@ -231,7 +191,7 @@ def test_a_holder_trusts_its_lease_past_a_skewed_primarys_eviction_only_without_
         cluster.kill(primary)
         restarting = cluster.restart(primary)
         competitor_args = [(competitor, f"skew-{name}", str(paths[name][1])) for name in margins]
-        with spawned(_competitor, competitor_args) as competitors:
+        with spawned(take_and_hold, competitor_args) as competitors:
             # The holder counts its lease from its request (invoke), as the store stamps it between that and ok.
             for name in sorted(margins, key=lambda name: grants[name][0]["t"]):
                 asked, granted = grants[name]
