@@ -41,7 +41,8 @@ def lock_check(request: pytest.FixtureRequest) -> Callable[..., CheckResult]:
     ``config`` is a LOCK_BACKEND value (dict or URL); None uses the setting.
     ``failover_restart`` (and ``failover_kill``) tell the failover fault how
     to start (and kill) an Elasticsearch node, ``store_restart`` how to restart
-    the store, ``store_failover`` how to fail it over to a standby: see ``lock_check --help``.
+    the store, ``store_failover`` how to fail it over to a standby, ``guarded`` the guarded-data mode: see
+    ``lock_check --help``.
     Under pytest-django, database access is unblocked for the run.
     """
 
@@ -60,11 +61,12 @@ def lock_check(request: pytest.FixtureRequest) -> Callable[..., CheckResult]:
         failover_kill: str = DEFAULT_KILL,
         store_restart: str | None = None,
         store_failover: str | None = None,
+        guarded: str | None = None,
     ) -> CheckResult:
         options = CheckOptions(
             processes=processes, seconds=seconds, faults=tuple(faults), ttl=ttl, seed=seed, slack=slack, hold=hold,
             failover_restart=failover_restart, failover_kill=failover_kill, store_restart=store_restart,
-            store_failover=store_failover,
+            store_failover=store_failover, guarded=guarded,
         )  # fmt: skip
         with _db_unblocked(request):
             return run_check(config, options, history=history)

@@ -16,6 +16,9 @@
 (d) After the run and a reap, nothing of the workload is left held.
 (e) No intent is lost: a holder killed mid-change is recovered by the reaper,
     which sees its latest checkpoint.
+(f) With guarded data (see :mod:`.guarded`): every append the store
+    acknowledged is in its record's final list exactly once, no refused one
+    is, and along each list the appends' fencing tokens never go down.
 
 Everything is judged on the history alone, so a recorded history can be
 checked again (``lock_check --replay FILE``).
@@ -37,6 +40,7 @@ CHECKS = {
     "c": "a request did not end in time, or ended wrongly",
     "d": "left held after the run and a reap",
     "e": "intent lost",
+    "f": "guarded data lost, kept when refused, or written by an older token after a newer one",
 }
 
 DEFAULT_SLACK = 10.0
@@ -355,8 +359,55 @@ def check_intents(events: list[dict[str, Any]], ops: dict[str, Operation], fault
     return violations
 
 
+def check_guarded(events: list[dict[str, Any]]) -> list[Violation]:
+    """(f) over the guarded data's final lists (``data`` events) and the appends the workers recorded."""
+    finals = {e["key"]: e for e in events if e["type"] == "data"}
+    appends: dict[str, dict[str, Any]] = {e["item"]: e for e in events if e["type"] == "append"}
+    violations: list[Violation] = []
+    for key, final in finals.items():
+        ops = final["ops"]
+        for item, append in appends.items():
+            if append["key"] != key:
+                continue
+            count = ops.count(item)
+            if append["outcome"] == "ok" and count != 1:
+                what = "lost (a later write overwrote it)" if count == 0 else f"in the list {count} times"
+                violations.append(
+                    Violation(
+                        "f",
+                        f"{key}: the acknowledged append {item} (token {append['token']}) is {what}",
+                        _slice(append, final),
+                    )
+                )
+            elif append["outcome"] in ("stale", "changed", "lost") and count:
+                violations.append(
+                    Violation(
+                        "f",
+                        f"{key}: the append {item} was refused ({append['outcome']}) yet is in the list",
+                        _slice(append, final),
+                    )
+                )
+        newest: dict[str, Any] | None = None
+        for item in ops:
+            append = appends.get(item)
+            if append is None:
+                continue
+            if newest is not None and append["token"] < newest["token"]:
+                violations.append(
+                    Violation(
+                        "f",
+                        f"{key}: {item} (token {append['token']}) was appended after {newest['item']} "
+                        f"(token {newest['token']})",
+                        _slice(newest, append, final),
+                    )
+                )
+            if newest is None or append["token"] > newest["token"]:
+                newest = append
+    return violations
+
+
 def check_history(events: list[dict[str, Any]], *, slack: float = DEFAULT_SLACK) -> list[Violation]:
-    """Return every violation of (a)-(e) that ``events`` shows, each with its slice of history."""
+    """Return every violation of (a)-(f) that ``events`` shows, each with its slice of history."""
     ops = operations(events)
     faults = Faults.of(events)
     return [
@@ -365,6 +416,7 @@ def check_history(events: list[dict[str, Any]], *, slack: float = DEFAULT_SLACK)
         *check_endings(ops, faults, slack),
         *check_leftovers(events, ops),
         *check_intents(events, ops, faults),
+        *check_guarded(events),
     ]
 
 
@@ -394,6 +446,7 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         "fault_seconds": fault_seconds,
         "kills_holding_intent": sum(e["type"] == "kill" and e.get("holding") == 2 for e in events),
         "leftovers": sum(e["type"] == "leftover" for e in events),
+        "guarded": _guarded_counts(events),
         "nodes_killed": [f"{e['node']} ({e['role']})" for e in events if e["type"] == "node_kill"],
         "failover_problems": [
             e.get("error") or f"{e['type']} {e.get('node', '')} {e.get('output', '')}".strip()
@@ -408,6 +461,15 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
             if e["type"] == FAULT_SPANS[fault][1] and e.get("exitcode") != 0
         ],
     }
+
+
+def _guarded_counts(events: list[dict[str, Any]]) -> dict[str, int]:
+    """How the appends to the guarded data ended (``late_``: those of holders told of their loss); {} without."""
+    counts: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e["type"] == "append":
+            counts[("late_" if e.get("late") else "") + e["outcome"]] += 1
+    return dict(sorted(counts.items()))
 
 
 def _ended(event: dict[str, Any]) -> str:

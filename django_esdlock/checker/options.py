@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from .checker import DEFAULT_SLACK
 from .failover import DEFAULT_KILL
 from .faults import FAULTS
+from .guarded import MODES as GUARDED_MODES
 
 
 @dataclasses.dataclass
@@ -31,11 +32,16 @@ class CheckOptions:
     """Shell command that restarts the store abruptly (e.g. ``pg_ctl restart -m immediate -D DIR``)."""
     store_failover: str | None = None
     """Shell command that kills the store's primary and promotes a standby (see docs/topics/database.md)."""
+    guarded: str | None = None
+    """Guarded data: each exclusive grant appends to a record of the store's data through the fencing helpers
+    (``fenced``), or through plain updates (``plain``, the control run the checker must catch); None: none."""
 
     def __post_init__(self) -> None:
         unknown = set(self.faults) - set(FAULTS)
         if unknown:
             raise ValueError(f"unknown fault(s) {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
+        if self.guarded not in (None, *GUARDED_MODES):
+            raise ValueError(f"guarded data mode {self.guarded!r}: one of {', '.join(GUARDED_MODES)}")
         if self.processes < 1 or self.seconds <= 0 or self.ttl <= 0 or self.slack < 0:
             raise ValueError("processes, seconds and ttl must be positive, slack not negative")
 

@@ -102,6 +102,7 @@ def summary_table(result: CheckResult) -> str:
         else None,
         ("locks lost", f"{s['locks_lost']}, each told to its holder (lock.lost / LockLost)"),
         ("left held after reap", str(s["leftovers"])),
+        (f"guarded data ({result.options.guarded})", _guarded(s["guarded"])) if result.options.guarded else None,
         ("violations", str(len(result.violations))),
     ]
     rows = [row for row in rows if row is not None]
@@ -145,3 +146,16 @@ def violation_text(result: CheckResult, limit: int = 10) -> str:
     if len(result.violations) > limit:
         lines.append(f"... and {len(result.violations) - limit} more (--json or --history for all)")
     return "\n".join(lines)
+
+
+def _guarded(counts: dict[str, int]) -> str:
+    """The appends to the guarded data by how they ended, the late ones (of holders told of their loss) apart."""
+    on_time = {k: n for k, n in counts.items() if not k.startswith("late_")}
+    late = {k.removeprefix("late_"): n for k, n in counts.items() if k.startswith("late_")}
+    words = {"ok": "written", "stale": "refused by a newer fence", "changed": "refused, the list changed",
+             "lost": "not sent, lock lost", "error": "failed"}  # fmt: skip
+
+    def said(part: dict[str, int]) -> str:
+        return ", ".join(f"{n} {words.get(k, k)}" for k, n in part.items()) or "none"
+
+    return f"appends: {said(on_time)}; late appends: {said(late)}"

@@ -24,6 +24,7 @@ from ..records import Kind, Node
 from .checker import check_history
 from .failover import Failover, FailoverCommands, failover_errors
 from .faults import PROXY_FAULTS, Nemesis
+from .guarded import GuardedStore, guarded_keys
 from .history import HistoryWriter, read_events, write_history
 from .options import CheckOptions
 from .proxy import Proxies
@@ -237,6 +238,11 @@ def run_check(
         if failover is None:
             skipped["failover"] = why
     faults = [f for f in options.faults if f not in skipped]
+    guarded = None
+    if options.guarded is not None:
+        guarded = GuardedStore.for_backend(backend, options.guarded)
+        guarded_data = guarded.open()
+        guarded_data.create(guarded_keys(namespace))
     spec = WorkloadSpec(
         config=worker_config,
         namespace=namespace,
@@ -247,6 +253,7 @@ def run_check(
         history_dir=directory,
         settings_module=os.environ.get("DJANGO_SETTINGS_MODULE"),
         seed=seed,
+        guarded=guarded,
     )
     reaping = _Reaping(backend, namespace, max(options.ttl, 0.5), writer.record)
     _recoveries[namespace] = _recorder(writer, reaping)
@@ -291,7 +298,13 @@ def run_check(
         if failover is not None:
             failover.settle()  # the last killed node back before the final reap, and the cluster whole
         _final_reap(backend, spec, reaping, writer, options)
+        if guarded is not None:
+            for key, ops in guarded_data.all().items():
+                writer.record("data", key=key, ops=ops, process="command")
     finally:
+        if guarded is not None:
+            with contextlib.suppress(Exception):
+                guarded_data.drop()
         if workers is not None:
             workers.kill_all()
         if failover is not None:

@@ -43,6 +43,8 @@ class WorkloadSpec:
     history_dir: str
     settings_module: str | None
     seed: int
+    guarded: Any = None
+    """The run's guarded data (a :class:`~.guarded.GuardedStore`), or None: no data writes."""
 
 
 class ClockSkew:
@@ -94,6 +96,7 @@ class Workload:
         self.count = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ops_of_locks: dict[int, str] = {}
+        self.data = spec.guarded.open() if spec.guarded is not None else None
 
     # --- what to ask for -----------------------------------------------------
 
@@ -158,6 +161,9 @@ class Workload:
             self.loop.run_until_complete(_adrive(steps, _async_step))
 
     def close(self) -> None:
+        if self.data is not None:
+            with contextlib.suppress(Exception):
+                self.data.close()
         if self.loop is not None:
             with contextlib.suppress(Exception):
                 self.loop.run_until_complete(self.backend.aclose())
@@ -217,9 +223,10 @@ class Workload:
         bump(1)
         set_holding(2 if has_intent else 1)
         try:
+            seen = yield from self._append(op_id, lock, nodes)
             if outer is None and self.rng.random() < self.NESTED_SHARE:
                 yield from self._nested(op_id, api, lock, bump)
-            yield from self._hold(op_id, lock, hold, has_intent)
+            yield from self._hold(op_id, lock, hold, has_intent, seen)
         finally:
             t = time.monotonic()
             valid = not lock.lost
@@ -242,12 +249,50 @@ class Workload:
                 bump(2)
             record("released", op=op_id, outcome=outcome, error=error)
 
-    def _hold(self, op_id: str, lock: Any, hold: float, has_intent: bool) -> Generator[tuple[Any, ...], Any, None]:
+    def _append(
+        self, op_id: str, lock: Any, nodes: list[list[str]], seen: dict[str, list[str]] | None = None
+    ) -> Generator[tuple[Any, ...], Any, dict[str, list[str]]]:
+        """Append ``op_id`` to the guarded record of each node the lock holds in X; return the lists as this holder
+        believes them now (read, and its append where it was written).
+
+        With ``seen`` (those beliefs), the late append of a holder told of its
+        loss: its bare token and what it believed, as a holder that did not
+        look would write.
+        """
+        from .guarded import ERROR, OK, data_key
+
+        if self.data is None:
+            return {}
+        late = seen is not None
+        read: dict[str, list[str]] = {}
+        for node in nodes:
+            if node[3] != "X":
+                continue
+            key = data_key(node)
+            item = f"{op_id}-late" if late else op_id
+            try:
+                read[key] = seen[key] if late and key in seen else (yield ("call", self.data.read, key))
+                token = lock.token if late else lock
+                outcome = yield ("call", self.data.append, key, read[key], item, token, not late)
+            except Exception as e:  # noqa: BLE001 - an append that failed may or may not have landed
+                outcome = ERROR
+                self.history.record("append", op=op_id, key=key, item=item, token=lock.token, outcome=outcome,
+                                    error=repr(e)[:300], late=late)  # fmt: skip
+                continue
+            self.history.record("append", op=op_id, key=key, item=item, token=lock.token, outcome=outcome, late=late)
+            if outcome == OK:  # what this holder believes the list is now: its late append builds on it
+                read[key] = [*read[key], item]
+        return read
+
+    def _hold(
+        self, op_id: str, lock: Any, hold: float, has_intent: bool, seen: dict[str, list[str]] | None = None
+    ) -> Generator[tuple[Any, ...], Any, None]:
         """Act under the lock for ``hold`` seconds: writes stamped with the token, checkpoints with an intent.
 
         Each write records whether ``lock.lost`` was False when it began. After
         a loss the worker makes one more write, the late write of a holder
-        that did not look: fencing must refuse it.
+        that did not look: fencing must refuse it (and one more append to the
+        guarded data, if the run has any).
         """
         from ..exceptions import LockBackendUnavailable, LockLost
 
@@ -260,6 +305,8 @@ class Workload:
             record("write", op=op_id, token=lock.token, valid=valid, t=t)
             if not valid:
                 record("lost", op=op_id, how="lock.lost", t=t)
+                if seen:
+                    yield from self._append(op_id, lock, node_list(lock.targets), seen)
                 return
             if t >= end:
                 return
@@ -305,6 +352,8 @@ def _blocking_step(step: tuple[Any, ...]) -> Any:
     what, lock, *args = step
     if what == "sleep":
         return time.sleep(*args)
+    if what == "call":  # the guarded data: ``lock`` is the function
+        return lock(*args)
     return getattr(lock, what)(*args)
 
 
@@ -312,6 +361,8 @@ async def _async_step(step: tuple[Any, ...]) -> Any:
     what, lock, *args = step
     if what == "sleep":
         return await asyncio.sleep(*args)
+    if what == "call":  # blocking (the ORM, the blocking client): in a thread, as an async app would
+        return await asyncio.to_thread(lock, *args)
     return await getattr(lock, what)(*args)
 
 

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ...checker.checker import DEFAULT_SLACK
 from ...checker.failover import DEFAULT_KILL
 from ...checker.faults import FAULTS
+from ...checker.guarded import MODES as GUARDED_MODES
 from ...exceptions import LockError
 from ...redaction import redact, redact_data
 from ..arguments import positive
@@ -72,6 +73,15 @@ class Command(BaseCommand):
             "primary takes writes (and, for the next run of it, a new standby follows). Without it that fault "
             "is skipped.",
         )
+        parser.add_argument(
+            "--guarded-data",
+            choices=GUARDED_MODES,
+            help="Each exclusive grant also appends its operation id to a record of the store's data (a table of "
+            "the run's own in the lock database, or an index on the Elasticsearch cluster), read-modify-write: "
+            "'fenced' through the fencing helpers (the checker demands every acknowledged append kept, none "
+            "refused kept, tokens never going down), 'plain' through plain updates (a control run: the checker "
+            "should catch what it loses). Default: no data writes.",
+        )
         parser.add_argument("--seed", type=int, help="Seed of the workload and the faults (default random).")
         parser.add_argument(
             "--ttl", type=positive(float), default=2.0, help="Lease of the workload's locks (default 2 s)."
@@ -117,6 +127,7 @@ class Command(BaseCommand):
                 failover_kill=options["failover_kill"],
                 store_restart=options["store_restart"],
                 store_failover=options["store_failover"],
+                guarded=options["guarded_data"],
             )
             config = _config(options["backend_url"], options["es_hosts"])
         except ValueError as e:
