@@ -23,14 +23,18 @@ RUN = {"seconds": 8.0, "processes": 4, "ttl": 1.0, "faults": ("pause", "kill")}
 @pytest.mark.slow  # multi-process, like lock_check's other runs: ./runtests runs it on every store
 def test_fenced_appends_survive_pauses_and_kills_on_every_store(lock_check, store_config):
     seed = run_seed()
-    result = lock_check({**store_config, "DEADLOCK_TIMEOUT": 0.3}, seed=seed, guarded="fenced", **RUN)
-    print(result.report())
-    assert result.ok, f"seed {seed}\n{result.report()}"
-    counts = result.summary["guarded"]
-    assert counts.get("ok", 0) > 10, counts
-    assert sum(n for k, n in counts.items() if k.startswith("late_")) >= 1, counts  # a paused holder came back
-    print(f"seed {seed}: guarded data {counts}")
-    assert any(e["type"] == "data" for e in result.events)
+    late = 0
+    for attempt in range(3):  # every pause may hit a holder without an exclusive node: then run again
+        result = lock_check({**store_config, "DEADLOCK_TIMEOUT": 0.3}, seed=seed + attempt, guarded="fenced", **RUN)
+        print(result.report())
+        assert result.ok, f"seed {seed + attempt}\n{result.report()}"
+        counts = result.summary["guarded"]
+        assert counts.get("ok", 0) > 10, counts
+        assert any(e["type"] == "data" for e in result.events)
+        late = sum(n for k, n in counts.items() if k.startswith("late_"))
+        if late:
+            break
+    assert late >= 1, f"seed {seed}: no holder came back from a pause to append late in 3 runs: {counts}"
 
 
 @pytest.mark.slow

@@ -34,19 +34,6 @@ OK, STALE, CHANGED, LOST, ERROR = "ok", "stale", "changed", "lost", "error"
 not sent, the lock being lost (its ``check()``); failed otherwise (indeterminate)."""
 
 
-def guarded_keys(global_name: str) -> list[str]:
-    """Every record the workload may append to: each tree path, each document id, the global lock."""
-    from .workload import DOCUMENT_IDS, TREE_DEPTH, TREE_NAMES
-
-    paths = [""]
-    tree: list[str] = []
-    for _ in range(TREE_DEPTH):
-        paths = [f"{path}/{name}" for path in paths for name in TREE_NAMES]
-        tree += paths
-    nodes = [["", "tree", path] for path in tree] + [["", "doc", i] for i in DOCUMENT_IDS]
-    return [data_key(node) for node in [*nodes, ["", "global", global_name]]]
-
-
 def data_key(node: list[str]) -> str:
     """The record of a lock node ``[namespace, kind, key, mode]``: one per node, whatever its namespace."""
     return f"{node[1]}:{node[2]}"

@@ -24,12 +24,12 @@ from ..records import Kind, Node
 from .checker import check_history
 from .failover import Failover, FailoverCommands, failover_errors
 from .faults import PROXY_FAULTS, Nemesis
-from .guarded import GuardedStore, guarded_keys
+from .guarded import GuardedStore
 from .history import HistoryWriter, read_events, write_history
 from .options import CheckOptions
 from .proxy import Proxies
 from .report import CheckResult
-from .workload import COUNTERS, WorkloadSpec, _recoveries, node_list, worker_main
+from .workload import COUNTERS, WorkloadSpec, _recoveries, guarded_keys, node_list, worker_main
 
 
 def _context() -> Any:

@@ -30,6 +30,19 @@ DOCUMENT_IDS = tuple(str(i) for i in range(1, 7))
 COUNTERS = 3
 
 
+def guarded_keys(global_name: str) -> list[str]:
+    """Every record the workload may append to: each tree path, each document id, the global lock."""
+    from .guarded import data_key
+
+    paths = [""]
+    tree: list[str] = []
+    for _ in range(TREE_DEPTH):
+        paths = [f"{path}/{name}" for path in paths for name in TREE_NAMES]
+        tree += paths
+    nodes = [["", "tree", path] for path in tree] + [["", "doc", i] for i in DOCUMENT_IDS]
+    return [data_key(node) for node in [*nodes, ["", "global", global_name]]]
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkloadSpec:
     """What every worker of a run is given (picklable: it crosses the spawn)."""
