@@ -16,8 +16,10 @@ from .test_lock_check import run_seed
 
 pytest_plugins = ["django_esdlock.testing"]
 
-RUN = {"seconds": 8.0, "processes": 4, "ttl": 1.0, "faults": ("pause", "kill")}
-"""Pauses past the lease make the late appends the fence must refuse; kills leave appends in flight."""
+RUN = {"seconds": 8.0, "processes": 4, "ttl": 1.0, "faults": ("pause", "kill", "store")}
+"""Pauses past the lease make the late appends the fence must refuse; kills leave appends in flight; store cuts
+(not on SQLite, which has no connection to cut) cut the locks' connections, not the data's: holders lose locks
+while their data stays writable, which only the fence then guards."""
 
 
 @pytest.mark.slow  # multi-process, like lock_check's other runs: ./runtests runs it on every store
