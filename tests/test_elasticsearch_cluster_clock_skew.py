@@ -42,15 +42,18 @@ pytestmark = [
 
 SKEWED = 3
 """The node whose clock runs ahead; each lock index's one replica is on it, its primary on another node."""
-SKEW = 4
-"""Seconds node n3's clock runs ahead."""
-SAFE_MARGIN = 4.5
-"""A CLOCK_SKEW_MARGIN above the skew and the cached clock's 200 ms (lease margin 0.5 + 4.5 ≤ TTL / 4)."""
-TTL = 24.0
+SKEW = 6
+"""Seconds node n3's clock runs ahead (lock_check's run sets a smaller skew of its own, ``CHECK_SKEW``)."""
+SAFE_MARGIN = 6.5
+"""A CLOCK_SKEW_MARGIN above the skew and the cached clock's 200 ms (lease margin 0.5 + 6.5 ≤ TTL / 4)."""
+TTL = 32.0
 """The paused holders' lease: a quarter of it (the cap of the margins) exceeds ``SAFE_MARGIN`` + the lease margin."""
-RESUME_AFTER = TTL - SKEW + 1.0
+RESUME_AFTER = TTL - SKEW + 0.8
 """When the paused holders resume, after their grant's answer: past the skewed store's end of their lease (TTL - SKEW),
-before the end a holder without the margin trusts (TTL - 0.5), after the end one with it trusts (TTL - 5)."""
+before the end a holder without the margin trusts (TTL - 0.5 after its request, so a window of SKEW - 1.3 s less the
+time its grant took), after the end one with it trusts (TTL - 7)."""
+CHECK_SKEW, CHECK_MARGIN, CHECK_TTL = 2, 2.5, 12.0
+"""lock_check's run: a smaller skew, so that a lease four times the margins (12 s) keeps the run short."""
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +106,7 @@ def primary_off_master_replica_on_skewed(config: dict) -> int:
 
 
 def test_check_warns_about_the_skewed_node_below_the_margin(configs):
-    """W011 on the live cluster: n3 four seconds ahead is past the default margin (0.5 s), within 4.5 s."""
+    """W011 on the live cluster: n3 six seconds ahead is past the default margin (0.5 s), within 6.5 s."""
     backend = load_backend(configs(5))
     try:
         (warning,) = backend._clock_warnings()
@@ -172,9 +175,10 @@ def _granted(path: Path, timeout: float = 60.0) -> tuple[dict, dict]:
 
 def test_a_holder_trusts_its_lease_past_a_skewed_primarys_eviction_only_without_the_margin(configs, tmp_path):
     """Two holders pause right after their grant; the primary that stamped their leases is killed and the skewed
-    n3 promoted; competitors wait. At ``RESUME_AFTER`` the holders resume: n3 has evicted both four seconds early.
+    n3 promoted; competitors wait. At ``RESUME_AFTER`` the holders resume: n3 has evicted both six seconds early.
     Without the margin (0) the holder still trusts its lease and writes beside its competitor: the checker reports
     the overlap. With a margin above the skew it knows its lease is over: the checker finds nothing."""
+    cluster.set_clock_offset(SKEWED, SKEW)
     unsafe = configs(TTL, number_of_replicas=1, wait_for_active_shards=1, hosts=cluster.hosts()[: SKEWED - 1])
     primary = primary_off_master_replica_on_skewed(unsafe)
     index = unsafe["OPTIONS"]["index"]
@@ -215,8 +219,8 @@ def test_a_holder_trusts_its_lease_past_a_skewed_primarys_eviction_only_without_
         print(f"{name} (CLOCK_SKEW_MARGIN={margins[name]}): granted in {took:.3f}s, competitor granted {waited:.3f}s "
               f"after the request; {[v.message for v in violations]}")  # fmt: skip
         # A holder without the margin trusts its lease until 0.5 s before TTL after its request; it resumes
-        # RESUME_AFTER after the grant's answer: a window of 2.5 s less the time the grant took.
-        assert took < SKEW - 2, f"{name}: the grant took {took:.3f}s, most of the window"
+        # RESUME_AFTER after the grant's answer: a window of SKEW - 1.3 s less the time the grant took.
+        assert took < SKEW - 3, f"{name}: the grant took {took:.3f}s, most of the window"
         # The skewed store ended the lease early, by the skew (its cached clock: up to 200 ms late): before a holder
         # without the margin stops trusting it. (When the competitor's answer arrives depends on the machine's load.)
         assert TTL - SKEW - 0.5 < waited < TTL - 0.5, f"{name}: competitor granted {waited:.3f}s after the request"
@@ -228,14 +232,15 @@ def test_a_holder_trusts_its_lease_past_a_skewed_primarys_eviction_only_without_
 
 def test_lock_check_is_clean_through_a_failover_to_the_skewed_node_with_the_margin_above_the_skew(configs, lock_check):
     """lock_check with the failover fault: the first node it kills is the primary's, and n3 (ahead) takes over."""
-    config = configs(20, number_of_replicas=1, wait_for_active_shards=1)
-    config["CLOCK_SKEW_MARGIN"] = SAFE_MARGIN  # lease margin 0.5 + 4.5 = a quarter of the TTL: the cap
+    cluster.set_clock_offset(SKEWED, CHECK_SKEW)
+    config = configs(CHECK_TTL, number_of_replicas=1, wait_for_active_shards=1)
+    config["CLOCK_SKEW_MARGIN"] = CHECK_MARGIN  # lease margin 0.5 + 2.5 = a quarter of the TTL: the cap
     primary = primary_off_master_replica_on_skewed(config)
     result = lock_check(
         config,
         seed=29,
         seconds=12,
-        ttl=20,
+        ttl=CHECK_TTL,
         faults=("failover",),
         failover_restart=start_cluster_restart(cluster.START),
     )

@@ -31,7 +31,8 @@ def test_fenced_appends_survive_pauses_and_kills_on_every_store(lock_check, stor
         print(result.report())
         assert result.ok, f"seed {seed + attempt}\n{result.report()}"
         counts = result.summary["guarded"]
-        assert counts.get("ok", 0) > 10, counts
+        errors = [e.get("error") for e in result.events if e["type"] == "append" and e["outcome"] == "error"]
+        assert counts.get("ok", 0) > 10, f"{counts}; errors: {errors[:3]}"
         assert any(e["type"] == "data" for e in result.events)
         late = sum(n for k, n in counts.items() if k.startswith("late_"))
         if late:
@@ -47,13 +48,17 @@ def test_the_checker_catches_plain_appends_that_a_late_holder_overwrites(lock_ch
     config = {**store_config, "DEADLOCK_TIMEOUT": 0.3}
     caught = []
     for attempt in range(3):  # a pause may meet no other append to its record: then run again
-        result = lock_check(config, seed=seed + attempt, guarded="plain", **{**RUN, "seconds": 10.0})
+        # Pauses alone: one every few seconds, each a holder that comes back to write late.
+        result = lock_check(
+            config, seed=seed + attempt, guarded="plain", **{**RUN, "seconds": 10.0, "faults": ("pause",)}
+        )
         caught = [v for v in result.violations if v.check == "f"]
         if caught:
             break
     print(result.report())
     assert caught, f"seed {seed}: plain appends lost nothing in 3 runs\n{result.report()}"
-    assert "acknowledged append" in caught[0].message
+    # The late holder's write takes the appends of those granted meanwhile away, or lands after a newer token's.
+    assert all("acknowledged append" in v.message or "appended after" in v.message for v in caught), caught
 
 
 def _append(item, key, token, outcome, t):

@@ -26,8 +26,9 @@ from typing import Any
 MODES = ("fenced", "plain")
 """``fenced``: the fencing helpers and a compare-and-set; ``plain``: unconditional updates (the control run)."""
 
-ALIAS = "esdlock_lock_check_data"
-"""The Django database alias the run registers for the lock database's guarded table."""
+ALIAS_PREFIX = "esdlock_lock_check_"
+"""The Django database alias each run registers for its guarded table (the prefix of; one per run: two runs of one
+process may be on two databases)."""
 
 OK, STALE, CHANGED, LOST, ERROR = "ok", "stale", "changed", "lost", "error"
 """How an append ended: written; refused by a newer fence; refused, the list having changed since it was read;
@@ -75,8 +76,9 @@ class _Rows:
 
         from ..fencing import FenceField
 
-        if ALIAS not in connections.settings:
-            connections.settings[ALIAS] = {**store.settings, "ATOMIC_REQUESTS": False, "AUTOCOMMIT": True}
+        self.alias = ALIAS_PREFIX + store.name
+        if self.alias not in connections.settings:
+            connections.settings[self.alias] = {**store.settings, "ATOMIC_REQUESTS": False, "AUTOCOMMIT": True}
         self.store = store
         meta = type("Meta", (), {"db_table": store.name, "app_label": "django_esdlock", "managed": False})
         attrs = {
@@ -87,21 +89,24 @@ class _Rows:
             "fence": FenceField(),
         }
         self.model: Any = type(f"GuardedRecord_{store.name}", (models.Model,), attrs)
-        self.rows = self.model.objects.using(ALIAS)
+        self.rows = self.model.objects.using(self.alias)
 
     def create(self, keys: list[str]) -> None:
         from django.db import connections
 
-        with connections[ALIAS].schema_editor() as editor:
+        with connections[self.alias].schema_editor() as editor:
             editor.create_model(self.model)
         self.rows.bulk_create([self.model(key=key) for key in keys])
 
     def drop(self) -> None:
         from django.db import connections
 
-        with connections[ALIAS].schema_editor() as editor:
-            editor.delete_model(self.model)
-        connections[ALIAS].close()
+        try:
+            with connections[self.alias].schema_editor() as editor:
+                editor.delete_model(self.model)
+        finally:
+            self.close()
+            connections.settings.pop(self.alias, None)
 
     def read(self, key: str) -> list[str]:
         return json.loads(self.rows.get(key=key).ops)
@@ -130,7 +135,7 @@ class _Rows:
     def close(self) -> None:
         from django.db import connections
 
-        connections[ALIAS].close()
+        connections[self.alias].close()
 
 
 class _Documents:
