@@ -283,16 +283,16 @@ class Workload:
                 continue
             key = data_key(node)
             item = f"{op_id}-late" if late else op_id
+            error = None
             try:
                 read[key] = seen[key] if late and key in seen else (yield ("call", self.data.read, key))
                 token = lock.token if late else lock
                 outcome = yield ("call", self.data.append, key, read[key], item, token, not late)
             except Exception as e:  # noqa: BLE001 - an append that failed may or may not have landed
-                outcome = ERROR
-                self.history.record("append", op=op_id, key=key, item=item, token=lock.token, outcome=outcome,
-                                    error=repr(e)[:300], late=late)  # fmt: skip
-                continue
-            self.history.record("append", op=op_id, key=key, item=item, token=lock.token, outcome=outcome, late=late)
+                outcome, error = ERROR, repr(e)[:300]
+            self.history.record(
+                "append", op=op_id, key=key, item=item, token=lock.token, outcome=outcome, late=late, error=error
+            )
             if outcome == OK:  # what this holder believes the list is now: its late append builds on it
                 read[key] = [*read[key], item]
         return read

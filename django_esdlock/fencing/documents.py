@@ -164,16 +164,22 @@ def read_fenced_bulk(response: Mapping[str, Any], token: int, *, field: str = "f
 
 
 def _request(
-    index: str, documents: Any, lock_or_token: Any, field: str, namespace: str | None, upsert: bool
-) -> tuple[int, list[dict[str, Any]]]:
-    """Check the input, then the lock (last: a lock lost meanwhile is caught as late as possible)."""
+    index: str, documents: Any, lock_or_token: Any, field: str, namespace: str | None, upsert: bool, refresh: Any
+) -> tuple[int, dict[str, Any]]:
+    """Check the input, then the lock (last: a lock lost meanwhile is caught as late as possible); return the token
+    and the ``bulk`` call's arguments."""
     if not isinstance(index, str) or not index:
         raise InvalidLockArgument(f"an index name is a non-empty str, not {index!r}")
     operations = fenced_bulk_request(index, _documents(documents), 0, field=field, upsert=upsert)
     token = fence_token(lock_or_token, namespace=namespace)
     for body in operations[1::2]:
         body["script"]["params"]["token"] = token
-    return token, operations
+    return token, {"operations": operations, **({} if refresh is None else {"refresh": refresh})}
+
+
+def _outcome(writes: FencedWrites) -> str:
+    """What became of the one document of a single-document write."""
+    return UPDATED if writes.updated else UNMATCHED if writes.unmatched else MISSING
 
 
 def fenced_update_documents(
@@ -195,9 +201,8 @@ def fenced_update_documents(
     transaction). A Lock is checked first, and refused if ``namespace`` is
     given and it is another's. ``client`` is an ``elasticsearch.Elasticsearch``.
     """
-    token, operations = _request(index, documents, lock_or_token, field, namespace, upsert)
-    extra = {} if refresh is None else {"refresh": refresh}
-    return read_fenced_bulk(client.bulk(operations=operations, **extra), token, field=field)
+    token, bulk = _request(index, documents, lock_or_token, field, namespace, upsert, refresh)
+    return read_fenced_bulk(client.bulk(**bulk), token, field=field)
 
 
 def fenced_update_document(
@@ -229,7 +234,7 @@ def fenced_update_document(
         upsert=upsert,
         refresh=refresh,
     )
-    return UPDATED if writes.updated else UNMATCHED if writes.unmatched else MISSING
+    return _outcome(writes)
 
 
 async def afenced_update_documents(
@@ -244,9 +249,8 @@ async def afenced_update_documents(
     refresh: Any = None,
 ) -> FencedWrites:
     """Async :func:`fenced_update_documents`, on an ``elasticsearch.AsyncElasticsearch`` client."""
-    token, operations = _request(index, documents, lock_or_token, field, namespace, upsert)
-    extra = {} if refresh is None else {"refresh": refresh}
-    return read_fenced_bulk(await client.bulk(operations=operations, **extra), token, field=field)
+    token, bulk = _request(index, documents, lock_or_token, field, namespace, upsert, refresh)
+    return read_fenced_bulk(await client.bulk(**bulk), token, field=field)
 
 
 async def afenced_update_document(
@@ -273,4 +277,4 @@ async def afenced_update_document(
         upsert=upsert,
         refresh=refresh,
     )
-    return UPDATED if writes.updated else UNMATCHED if writes.unmatched else MISSING
+    return _outcome(writes)
