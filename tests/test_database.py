@@ -888,7 +888,7 @@ def test_the_previous_releases_acquire_call_still_runs_after_migration_0006(pg_c
 
 
 def test_the_database_runs_the_current_function_files(pg_config, backend_of):
-    """After migrate, PostgreSQL's functions are the latest .sql files (and the boolean overload v4), byte for byte."""
+    """After migrate, PostgreSQL's functions are the latest .sql files (and the overloads v5 and v4), byte for byte."""
     backend_of(pg_config).setup()
     with psycopg.connect(url_of(pg_config), autocommit=True) as connection:
         installed = dict(
@@ -901,7 +901,12 @@ def test_the_database_runs_the_current_function_files(pg_config, backend_of):
         signature: function_sql(name, version).split("$$")[1]
         for signature, (name, version) in {
             "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
-            "precision,jsonb,text[],bigint,double precision)": ("esdlock_acquire", CURRENT["esdlock_acquire"]),
+            "precision,jsonb,text[],bigint,double precision,double precision)": (
+                "esdlock_acquire",
+                CURRENT["esdlock_acquire"],
+            ),
+            "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
+            "precision,jsonb,text[],bigint,double precision)": ("esdlock_acquire", 5),
             "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
             "precision,jsonb,boolean,bigint,double precision)": ("esdlock_acquire", 4),
             "esdlock_release(text,text,jsonb)": ("esdlock_release", CURRENT["esdlock_release"]),
