@@ -1,0 +1,466 @@
+"""What the locks tell operators: Prometheus metrics, OpenTelemetry spans, log lines that name the lock.
+
+The lock code calls the hooks of this module at a few points (acquire, grant,
+release, loss, hand-off, renewal, each store round trip, a reaper pass). Each
+hook does its share for what is on:
+
+- metrics (:mod:`.metrics`) when ``prometheus_client`` is installed and
+  ``settings.ESDLOCK_METRICS`` is not False; on the default registry, or the
+  one ``settings.ESDLOCK_METRICS_REGISTRY`` names (a dotted path);
+- spans (:mod:`.tracing`) when ``opentelemetry-api`` is installed and
+  ``settings.ESDLOCK_TRACING`` is not False;
+- log lines (:mod:`.logs`) always; a grant logs when it waited longer than
+  ``settings.ESDLOCK_SLOW_WAIT`` seconds (default 1; None: never).
+
+Neither library is imported until the first lock and never when it is
+missing: then a hook costs a call and a few attribute reads. What the hooks
+keep of a held lock lives in the lock's ``_observed_hold`` attribute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import importlib.util
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.utils.module_loading import import_string
+
+from .. import signals
+from ..exceptions import LockDeadlock, LockStoreBusy, LockTimeout, LockUnavailable
+from ..records import Kind
+from . import logs
+
+logger = logging.getLogger("django_esdlock")
+
+DEFAULT_SLOW_WAIT = 1.0
+
+KIND_LABELS = {Kind.TREE: "tree", Kind.DOCUMENT: "documents", Kind.GLOBAL: "global"}
+
+OPERATIONS = {
+    "acquire": "acquire",
+    "release": "release",
+    "read released lock nodes": "release",
+    "renew": "renew",
+    "withdraw waiting markers": "withdraw",
+    "find waiting requests": "poll",
+    "read waiting requests": "poll",
+    "read the waiting requests": "poll",
+    "read the store's clock": "poll",
+    "refresh the lock index": "poll",
+    "listen for releases": "poll",
+    "list holders": "list",
+    "search holders": "list",
+    "read a lock node": "list",
+    "look a holder up": "list",
+    "find expired holders": "list",
+    "evict expired holders": "reap",
+    "delete emptied lock nodes": "reap",
+    "drop expired waiting markers": "reap",
+    "drop idle lock nodes": "reap",
+    "take a holder over": "take_over",
+}
+"""The ``operation`` label of each store call the backends name (their ``action``); any other is ``setup``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+    """What is on, as the settings say: read at the first lock, again after a settings change."""
+
+    metrics: Any = None
+    """A :class:`.metrics.LockMetrics`, or None."""
+    tracing: Any = None
+    """A :class:`.tracing.LockTracing`, or None."""
+    slow_wait: float | None = DEFAULT_SLOW_WAIT
+
+
+_state: State | None = None
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _load() -> State:
+    global _state
+    metrics = tracing = None
+    if getattr(settings, "ESDLOCK_METRICS", True) and _installed("prometheus_client"):
+        from .metrics import metrics_on
+
+        registry = getattr(settings, "ESDLOCK_METRICS_REGISTRY", None)
+        metrics = metrics_on(import_string(registry) if isinstance(registry, str) else registry)
+    if getattr(settings, "ESDLOCK_TRACING", True) and _installed("opentelemetry.trace"):
+        from .tracing import LockTracing
+
+        tracing = LockTracing()
+    slow_wait = getattr(settings, "ESDLOCK_SLOW_WAIT", DEFAULT_SLOW_WAIT)
+    _state = State(metrics, tracing, None if slow_wait is None else float(slow_wait))
+    return _state
+
+
+def state() -> State:
+    """What is on now."""
+    return _state or _load()
+
+
+def _reset_on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    global _state
+    if setting.startswith("ESDLOCK_"):
+        _state = None
+
+
+setting_changed.connect(_reset_on_setting_changed, dispatch_uid="django_esdlock.observability")
+
+
+def never_raises(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """Log what ``hook`` raises instead: telling about a lock must never change what happens to it."""
+
+    @functools.wraps(hook)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return hook(*args, **kwargs)
+        except Exception:
+            logger.exception("django_esdlock's %s hook failed; the lock is not affected", hook.__name__)
+            return None
+
+    return guarded
+
+
+# --- labels ------------------------------------------------------------------
+
+
+def store_of(backend: Any) -> str:
+    """The ``store`` label of a backend: ``elasticsearch``, ``postgresql``, ``sqlite`` (or its ``store_name``)."""
+    name = getattr(backend, "store_name", None) or getattr(getattr(backend, "dialect", None), "vendor", None)
+    if name:
+        return name
+    if ".elasticsearch" in type(backend).__module__:
+        return "elasticsearch"
+    return type(backend).__name__
+
+
+def lock_labels(lock: Any) -> tuple[str, str, str]:
+    """``store``, ``namespace`` and ``kind`` of a lock (its backend may fail to load: ``unknown``)."""
+    node = lock.targets[-1][0]
+    try:
+        store = store_of(lock.backend)
+    except Exception:  # noqa: BLE001 - the acquire reports the bad setting itself
+        store = "unknown"
+    return store, node.namespace, KIND_LABELS.get(node.kind, str(node.kind))
+
+
+def outcome_of(error: BaseException | None) -> str:
+    """The ``outcome`` label of an acquire that ended with ``error`` (None: granted)."""
+    if error is None:
+        return "granted"
+    if isinstance(error, LockTimeout):
+        return "timeout"
+    if isinstance(error, LockUnavailable):
+        return "unavailable"
+    if isinstance(error, LockDeadlock):
+        return "deadlock"
+    return "error"
+
+
+def loss_reason(reason: str) -> str:
+    """The ``reason`` label of a loss: its words are for people, the label has a few values."""
+    if "gone" in reason:
+        return "record_gone"  # evicted, force-released or taken over in the store
+    if "renewal" in reason or "ran out" in reason:
+        return "lease_expired"  # no renewal succeeded within the lease (a frozen holder, a store out of reach)
+    return "other"
+
+
+def _mode_of(lock: Any) -> str:
+    return str(lock.targets[-1][1])
+
+
+# --- acquire -----------------------------------------------------------------
+
+
+_acquiring: contextvars.ContextVar[AcquireWatch | None] = contextvars.ContextVar("esdlock_acquiring", default=None)
+
+
+class AcquireWatch:
+    """One acquire call: its ``esdlock_acquire_seconds``, its ``esdlock.acquire`` span, its slow-wait line."""
+
+    __slots__ = ("_reset", "_token", "lock", "outer", "span", "started", "state")
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+        self.state = state()
+        self.span: Any = None
+        self.outer: Any = None
+
+    def __enter__(self) -> AcquireWatch:
+        self.started = time.monotonic()
+        self._reset = _acquiring.set(self)
+        if self.state.tracing is not None:
+            self._begin_span()
+        return self
+
+    @never_raises
+    def _begin_span(self) -> None:
+        lock, tracing = self.lock, self.state.tracing
+        store, namespace, kind = lock_labels(lock)
+        self.outer = tracing.current_context()
+        self.span = tracing.begin(
+            "esdlock.acquire",
+            {
+                "esdlock.store": store,
+                "esdlock.namespace": namespace,
+                "esdlock.kind": kind,
+                "esdlock.targets": logs.target_names(lock),
+                "esdlock.mode": _mode_of(lock),
+                "esdlock.timeout": -1.0 if lock.timeout is None else lock.timeout,
+            },
+            self.outer,
+        )
+        self._token = tracing.make_current(self.span)
+
+    def __exit__(self, exc_type: Any, error: BaseException | None, tb: Any) -> None:
+        _acquiring.reset(self._reset)
+        self._report(time.monotonic() - self.started, error)
+
+    @never_raises
+    def _report(self, waited: float, error: BaseException | None) -> None:
+        outcome = outcome_of(error)
+        lock, current = self.lock, self.state
+        if current.metrics is not None:
+            current.metrics.acquired(lock_labels(lock), outcome, waited)
+        if error is None and current.slow_wait is not None and waited > current.slow_wait:
+            logs.slow_grant(lock, waited, current.slow_wait)
+        if self.span is not None:
+            current.tracing.restore(self._token)
+            attributes: dict[str, Any] = {"esdlock.outcome": outcome, "esdlock.waited_seconds": waited}
+            if lock.token is not None:
+                attributes["esdlock.token"] = lock.token
+            current.tracing.end(self.span, attributes, error if outcome == "error" else None)
+
+
+def acquiring(lock: Any) -> AcquireWatch:
+    """Watch one acquire call: ``with observability.acquiring(lock): ...``."""
+    return AcquireWatch(lock)
+
+
+@never_raises
+def waiting(attempt: int, seconds: float) -> None:
+    """A wait round of an acquire begins: an event of its span."""
+    tracing = state().tracing
+    if tracing is not None:
+        tracing.event(None, "esdlock.wait", {"esdlock.attempt": attempt, "esdlock.seconds": seconds})
+
+
+@never_raises
+def looking_for_deadlock(nodes: Any) -> None:
+    """A waiting acquire reads the store's waiting state: an event of its span."""
+    tracing = state().tracing
+    if tracing is not None:
+        tracing.event(None, "esdlock.deadlock_look", {"esdlock.confirming": nodes is not None})
+
+
+@never_raises
+def deadlock_victim(lock: Any, described: str, cycle: Any) -> None:
+    """``lock``'s request gives up to break ``cycle``: a count and a line (its span ends as ``deadlock``)."""
+    watch = _acquiring.get()
+    waited = None if watch is None else time.monotonic() - watch.started
+    logs.deadlock_victim(lock, described, cycle.describe(), waited)
+    current = state()
+    if current.metrics is not None:
+        store, namespace, _ = lock_labels(lock)
+        current.metrics.count(current.metrics.deadlock_victims, store, namespace)
+    if current.tracing is not None:
+        current.tracing.event(None, "esdlock.deadlock_victim", {"esdlock.cycle": cycle.describe()[:1000]})
+
+
+# --- holding -------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Hold:
+    """What the hooks keep of a held lock, from its grant to its end."""
+
+    started: float
+    labels: tuple[str, str, str]
+    span: Any
+
+
+@never_raises
+def holding(lock: Any) -> None:
+    """``lock`` was granted: count it held, start its ``esdlock.hold`` span (a sibling of its acquire's)."""
+    current = state()
+    if current.metrics is None and current.tracing is None:
+        return
+    labels = lock_labels(lock)
+    span = None
+    if current.tracing is not None:
+        watch = _acquiring.get()
+        store, namespace, kind = labels
+        attributes = {
+            "esdlock.store": store,
+            "esdlock.namespace": namespace,
+            "esdlock.kind": kind,
+            "esdlock.targets": logs.target_names(lock),
+            "esdlock.mode": _mode_of(lock),
+            "esdlock.token": lock.token if lock.token is not None else -1,
+            "esdlock.holder_id": lock.holder_id or "",
+        }
+        span = current.tracing.begin("esdlock.hold", attributes, None if watch is None else watch.outer)
+    if current.metrics is not None:
+        current.metrics.hold_began(labels[0], labels[1])
+    lock.__dict__["_observed_hold"] = Hold(time.monotonic(), labels, span)
+
+
+def _end_hold(lock: Any, outcome: str, event: str, attributes: dict[str, Any]) -> None:
+    hold = lock.__dict__.pop("_observed_hold", None)  # atomic: a loss and a release may race
+    if hold is None:
+        return
+    current = state()
+    if current.metrics is not None:
+        current.metrics.hold_ended(hold.labels, outcome, time.monotonic() - hold.started)
+    if hold.span is not None and current.tracing is not None:
+        current.tracing.event(hold.span, event, attributes)
+        current.tracing.end(hold.span, {"esdlock.outcome": outcome})
+
+
+@never_raises
+def checkpointed(lock: Any) -> None:
+    """``lock`` recorded a checkpoint: an event of its hold span."""
+    hold = lock.__dict__.get("_observed_hold")
+    current = state()
+    if hold is not None and hold.span is not None and current.tracing is not None:
+        current.tracing.event(hold.span, "checkpoint", {})
+
+
+@never_raises
+def lost(lock: Any, reason: str) -> None:
+    """``lock`` was lost: one line, one count, the end of its hold."""
+    logs.lost(lock, reason)
+    current = state()
+    if current.metrics is not None:
+        store, namespace, _ = lock_labels(lock)
+        current.metrics.lock_lost(store, namespace, loss_reason(reason))
+    _end_hold(lock, "lost", "lost", {"esdlock.reason": reason})
+
+
+@never_raises
+def released(lock: Any, lost_reason: str | None) -> None:
+    """``lock`` was released; ``lost_reason`` if the release found it lost and nobody had said so yet."""
+    if lost_reason is not None:
+        lost(lock, lost_reason)
+    else:
+        _end_hold(lock, "released", "released", {})
+
+
+@never_raises
+def handed_off(lock: Any) -> None:
+    """``lock`` was handed off: its hold here ends (the claimant's begins in its own process)."""
+    _end_hold(lock, "handed_off", "handoff", {})
+
+
+# --- the renewer and the stores -------------------------------------------------
+
+
+@never_raises
+def renewal(backend: Any, outcome: str, lag: float | None) -> None:
+    """One held lock's renewal ended with ``outcome`` (``ok``, ``busy``, ``error``, ``lost``), ``lag`` s late."""
+    metrics = state().metrics
+    if metrics is not None:
+        metrics.renewal(store_of(backend), outcome, None if lag is None else max(0.0, lag))
+
+
+class RequestWatch:
+    """One store round trip: its ``esdlock_store_request_seconds``."""
+
+    __slots__ = ("action", "backend", "metrics", "started")
+
+    def __init__(self, metrics: Any, backend: Any, action: str) -> None:
+        self.metrics = metrics
+        self.backend = backend
+        self.action = action
+
+    def __enter__(self) -> None:
+        self.started = time.monotonic()
+
+    @never_raises
+    def __exit__(self, exc_type: Any, error: BaseException | None, tb: Any) -> None:
+        outcome = "ok" if error is None else "busy" if isinstance(error, LockStoreBusy) else "error"
+        self.metrics.store_request(
+            store_of(self.backend), OPERATIONS.get(self.action, "setup"), outcome, time.monotonic() - self.started
+        )
+
+
+_NOTHING = contextlib.nullcontext()
+
+
+def store_request(backend: Any, action: str) -> contextlib.AbstractContextManager[None]:
+    """Watch one round trip to the store: ``with observability.store_request(self, "acquire"): ...``."""
+    metrics = state().metrics
+    return _NOTHING if metrics is None else RequestWatch(metrics, backend, action)
+
+
+class ReapWatch:
+    """One reaper pass: its ``esdlock.reap`` span, with what it did."""
+
+    def __init__(self, backend: Any, namespace: str | None, dry_run: bool) -> None:
+        self.tracing = state().tracing
+        self.attributes = {"esdlock.store": store_of(backend), "esdlock.dry_run": dry_run}
+        if namespace is not None:
+            self.attributes["esdlock.namespace"] = namespace
+        self.span: Any = None
+
+    def __enter__(self) -> ReapWatch:
+        if self.tracing is not None:
+            self._begin_span()
+        return self
+
+    @never_raises
+    def _begin_span(self) -> None:
+        self.span = self.tracing.begin("esdlock.reap", self.attributes)
+        self._token = self.tracing.make_current(self.span)
+
+    def done(self, report: Any) -> Any:
+        """Record what the pass did (a ``ReapReport``); return it."""
+        if self.span is not None and self.span.is_recording():
+            counts = report.as_dict()["counts"]
+            self.span.set_attributes({f"esdlock.{name}": count for name, count in counts.items()})
+        return report
+
+    @never_raises
+    def __exit__(self, exc_type: Any, error: BaseException | None, tb: Any) -> None:
+        if self.span is not None:
+            self.tracing.restore(self._token)
+            self.tracing.end(self.span, {}, error)
+
+
+def reaping(backend: Any, namespace: str | None, dry_run: bool) -> ReapWatch:
+    """Watch one reaper pass: ``with observability.reaping(...) as reap: return reap.done(report)``."""
+    return ReapWatch(backend, namespace, dry_run)
+
+
+@never_raises
+def _reaped(sender: Any, holder: Any, **kwargs: Any) -> None:
+    metrics = state().metrics
+    if metrics is not None:
+        metrics.count(metrics.reaped, holder.node.namespace)
+
+
+@never_raises
+def _recovered(sender: Any, holder: Any, **kwargs: Any) -> None:
+    metrics = state().metrics
+    if metrics is not None:
+        metrics.count(metrics.recovered, holder.node.namespace)
+
+
+signals.lock_reaped.connect(_reaped, weak=False, dispatch_uid="django_esdlock.observability")
+signals.lock_recovered.connect(_recovered, weak=False, dispatch_uid="django_esdlock.observability")
