@@ -113,6 +113,12 @@ def state() -> State:
     return _state or _load()
 
 
+def use(new_state: State | None) -> None:
+    """Make ``new_state`` what is on, whatever the settings say (lock_bench's on and off); None: the settings."""
+    global _state
+    _state = new_state
+
+
 def _reset_on_setting_changed(*, setting: str, **kwargs: Any) -> None:
     global _state
     if setting.startswith("ESDLOCK_"):
@@ -305,13 +311,10 @@ def holding(lock: Any) -> None:
     span = None
     if current.tracing is not None:
         watch = _acquiring.get()
-        store, namespace, kind = labels
+        namespace = labels[1]
+        # What finds the hold beside its acquire (same parent); the rest is on the acquire span.
         attributes = {
-            "esdlock.store": store,
             "esdlock.namespace": namespace,
-            "esdlock.kind": kind,
-            "esdlock.targets": logs.target_names(lock),
-            "esdlock.mode": _mode_of(lock),
             "esdlock.token": lock.token if lock.token is not None else -1,
             "esdlock.holder_id": lock.holder_id or "",
         }

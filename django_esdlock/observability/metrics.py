@@ -37,6 +37,7 @@ class LockMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         made = {"registry": registry}
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self.acquire_seconds = Histogram(
             "esdlock_acquire_seconds",
             "Seconds from an acquire call to its end.",
@@ -91,41 +92,50 @@ class LockMetrics:
         )
         _made.add(self)
 
+    def _series(self, metric: Any, *labels: str) -> Any:
+        """The child of ``metric`` for ``labels``, kept: ``labels()`` validates and locks at each call."""
+        key = (metric, labels)
+        series = self._children.get(key)
+        if series is None:
+            series = self._children[key] = metric.labels(*labels)
+        return series
+
     def acquired(self, labels: tuple[str, str, str], outcome: str, seconds: float) -> None:
         with guard:
-            self.acquire_seconds.labels(*labels, outcome).observe(seconds)
+            self._series(self.acquire_seconds, *labels, outcome).observe(seconds)
 
     def hold_began(self, store: str, namespace: str) -> None:
         with guard:
-            self.held.labels(store, namespace).inc()
+            self._series(self.held, store, namespace).inc()
 
     def hold_ended(self, labels: tuple[str, str, str], outcome: str, seconds: float) -> None:
         store, namespace, _ = labels
         with guard:
-            self.held.labels(store, namespace).dec()
-            self.held_seconds.labels(*labels, outcome).observe(seconds)
+            self._series(self.held, store, namespace).dec()
+            self._series(self.held_seconds, *labels, outcome).observe(seconds)
 
     def lock_lost(self, store: str, namespace: str, reason: str) -> None:
         with guard:
-            self.lost.labels(store, namespace, reason).inc()
+            self._series(self.lost, store, namespace, reason).inc()
 
     def renewal(self, store: str, outcome: str, lag: float | None) -> None:
         with guard:
-            self.renewals.labels(store, outcome).inc()
+            self._series(self.renewals, store, outcome).inc()
             if lag is not None:
-                self.renewal_lag_seconds.labels(store).observe(lag)
+                self._series(self.renewal_lag_seconds, store).observe(lag)
 
     def store_request(self, store: str, operation: str, outcome: str, seconds: float) -> None:
         with guard:
-            self.store_request_seconds.labels(store, operation, outcome).observe(seconds)
+            self._series(self.store_request_seconds, store, operation, outcome).observe(seconds)
 
     def count(self, counter: Any, *labels: str) -> None:
         with guard:
-            counter.labels(*labels).inc()
+            self._series(counter, *labels).inc()
 
     def _forget_held(self) -> None:
         """In a forked child: it holds none of its parent's locks (the other series count what happened)."""
         self.held.clear()
+        self._children = {key: series for key, series in self._children.items() if key[0] is not self.held}
 
 
 guard = threading.Lock()

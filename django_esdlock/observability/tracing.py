@@ -20,11 +20,14 @@ Attributes = Mapping[str, Any]
 
 
 class LockTracing:
-    """Starts and ends the package's spans on the tracer of the global provider (looked up at each span)."""
+    """Starts and ends the package's spans on the tracer of ``provider`` (default: the global one, at each span)."""
+
+    def __init__(self, provider: trace.TracerProvider | None = None) -> None:
+        self._tracer = None if provider is None else provider.get_tracer("django_esdlock", __version__)
 
     def tracer(self) -> trace.Tracer:
-        # Looked up per span: an application may set its provider after the first lock.
-        return trace.get_tracer("django_esdlock", __version__)
+        # The global one looked up per span: an application may set its provider after the first lock.
+        return self._tracer or trace.get_tracer("django_esdlock", __version__)
 
     def current_context(self) -> context.Context:
         return context.get_current()
