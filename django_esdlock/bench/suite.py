@@ -221,3 +221,11 @@ def _describe(error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     return redact(f"{type(error).__name__}: {error}{where}")
+
+
+def dashboard(options: Options, path: str, seconds: float, say: Callable[[str], None] = lambda message: None) -> None:
+    """Fill the dashboard's panels with a workload of ``seconds`` on the first store of ``options``; draw them."""
+    from . import dashboard as panels
+
+    with _kit(options.stores[0], options) as kit:
+        panels.draw(panels.record(kit, seconds, say), path)
