@@ -263,3 +263,11 @@ def test_the_observability_figure_holds_pairs_with_metrics_and_spans_on_against_
     assert figure["value"] > 0 and figure["baseline"] > 0 and figure["goal"] == "≥ 0.97x"
     assert figure["met"] == verdict(figure)
     assert figure["extra"]["metrics"] and figure["extra"]["spans_recorded"]
+
+
+@pytest.mark.usefixtures("_lock_connections")
+def test_the_dashboard_panels_are_drawn_from_a_workload(tmp_path):
+    picture = tmp_path / "dashboard.png"
+    out = io.StringIO()
+    call_command("lock_bench", "--backend", "sqlite", "--dashboard", str(picture), "--quick", stdout=out, stderr=out)
+    assert picture.read_bytes().startswith(b"\x89PNG") and f"wrote {picture}" in out.getvalue()

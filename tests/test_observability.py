@@ -328,3 +328,46 @@ def test_nothing_is_recorded_when_switched_off(backend, namespace):
         with lock_tree("/obs/off", namespace=namespace, backend=backend):
             pass
     assert list(registry.collect()) == []
+
+
+def test_a_hand_off_ends_the_hold_here_and_a_claim_begins_one(backend, registry, exporter, namespace):
+    from django_esdlock import resume_lock
+
+    exporter.clear()
+    lock = lock_tree("/obs/handed", namespace=namespace, backend=backend).acquire()
+    ticket = lock.handoff()
+    store = store_of(backend)
+    labels = {"store": store, "namespace": namespace, "kind": "tree"}
+    assert value(registry, "esdlock_held_seconds_count", **labels, outcome="handed_off") == 1
+    assert value(registry, "esdlock_held", store=store, namespace=namespace) == 0
+    with resume_lock(ticket, backend=backend):
+        assert value(registry, "esdlock_held", store=store, namespace=namespace) == 1
+    assert value(registry, "esdlock_held_seconds_count", **labels, outcome="released") == 1
+    assert value(registry, "esdlock_acquire_seconds_count", **labels, outcome="granted") == 1  # a claim is no acquire
+    first, claimed = by_name(exporter.get_finished_spans(), "esdlock.hold")
+    assert first.attributes["esdlock.outcome"] == "handed_off" and [e.name for e in first.events] == ["handoff"]
+    assert claimed.attributes["esdlock.outcome"] == "released"
+    assert claimed.attributes["esdlock.holder_id"] == first.attributes["esdlock.holder_id"]
+
+
+def test_an_async_acquire_is_a_child_of_the_tasks_span(backend, exporter, namespace):
+    tracer = trace.get_tracer("tests")
+
+    async def task(name: str) -> int:
+        with tracer.start_as_current_span(name) as span:
+            async with alock_tree(f"/obs/{name}", namespace=namespace, backend=backend):
+                await asyncio.sleep(0)
+            return span.get_span_context().span_id
+
+    async def main() -> list[int]:
+        try:
+            return await asyncio.gather(task("one"), task("two"))
+        finally:
+            await backend.aclose()
+
+    exporter.clear()
+    parents = asyncio.run(main())
+    acquires = by_name(exporter.get_finished_spans(), "esdlock.acquire")
+    assert sorted(s.parent.span_id for s in acquires) == sorted(parents)
+    for span in acquires:
+        assert span.attributes["esdlock.targets"] == (f"/obs/{'one' if span.parent.span_id == parents[0] else 'two'}",)
