@@ -371,3 +371,19 @@ def test_an_async_acquire_is_a_child_of_the_tasks_span(backend, exporter, namesp
     assert sorted(s.parent.span_id for s in acquires) == sorted(parents)
     for span in acquires:
         assert span.attributes["esdlock.targets"] == (f"/obs/{'one' if span.parent.span_id == parents[0] else 'two'}",)
+
+
+def test_a_loss_told_twice_counts_once_and_a_lock_taken_again_can_be_lost_again(backend, registry, namespace):
+    from django_esdlock import observability
+
+    lock = lock_tree("/obs/twice", namespace=namespace, backend=backend)
+    store = store_of(backend)
+    for round_ in (1, 2):
+        lock.acquire()
+        expire(backend, lock.holder_id)
+        wait_until(lambda: lock._lost_reason is not None, what="the renewer's loss", timeout=WAIT)
+        observability.lost(lock, "its lease ran out before a renewal")  # a release on its way said so too
+        with pytest.raises(LockLost):
+            lock.release()
+        assert value(registry, "esdlock_lost_total", store=store, namespace=namespace, reason="record_gone") == round_
+        assert value(registry, "esdlock_lost_total", store=store, namespace=namespace, reason="lease_expired") == 0

@@ -14,7 +14,7 @@ hook does its share for what is on:
 
 Neither library is imported until the first lock and never when it is
 missing: then a hook costs a call and a few attribute reads. What the hooks
-keep of a held lock lives in the lock's ``_observed_hold`` attribute.
+keep of a lock lives in its ``_observed_hold`` and ``_observed_loss`` attributes.
 """
 
 from __future__ import annotations
@@ -304,6 +304,7 @@ class Hold:
 @never_raises
 def holding(lock: Any) -> None:
     """``lock`` was granted: count it held, start its ``esdlock.hold`` span (a sibling of its acquire's)."""
+    lock.__dict__.pop("_observed_loss", None)  # a lock object taken again may be lost again
     current = state()
     if current.metrics is None and current.tracing is None:
         return
@@ -347,7 +348,14 @@ def checkpointed(lock: Any) -> None:
 
 @never_raises
 def lost(lock: Any, reason: str) -> None:
-    """``lock`` was lost: one line, one count, the end of its hold."""
+    """``lock`` was lost: one line, one count, the end of its hold; once, however many times it is told.
+
+    (The renewer may find the lease over while a release of the lock is on
+    its way to the store: both then say so.)
+    """
+    told = object()
+    if lock.__dict__.setdefault("_observed_loss", told) is not told:  # atomic: the first to tell wins
+        return
     logs.lost(lock, reason)
     current = state()
     if current.metrics is not None:
