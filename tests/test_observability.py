@@ -387,3 +387,41 @@ def test_a_loss_told_twice_counts_once_and_a_lock_taken_again_can_be_lost_again(
             lock.release()
         assert value(registry, "esdlock_lost_total", store=store, namespace=namespace, reason="record_gone") == round_
         assert value(registry, "esdlock_lost_total", store=store, namespace=namespace, reason="lease_expired") == 0
+
+
+@pytest.mark.filterwarnings("ignore:.*multi-threaded.*fork:DeprecationWarning")
+def test_a_forked_child_holds_none_of_its_parents_locks_and_records_its_own(backend, registry, namespace):
+    from .test_forks import in_fork
+
+    store = store_of(backend)
+    stop = threading.Event()
+
+    # Without the fork's wait for metric writes, a child inherited a client lock held by this thread
+    # and hung at its first write (seen within 20 forks).
+    def busy() -> None:  # metrics written in another thread while the parent forks, as the renewer does
+        from django_esdlock.observability import renewal
+
+        while not stop.is_set():
+            renewal(backend, "ok", 0.001)
+
+    def child() -> dict:
+        from django_esdlock.observability import renewal
+
+        before = value(registry, "esdlock_held", store=store, namespace=namespace)
+        renewals = value(registry, "esdlock_renewals_total", store=store, outcome="ok")
+        renewal(backend, "ok", 0.001)  # the series the parent's thread was writing at the fork
+        return {
+            "held": before,
+            "recorded": value(registry, "esdlock_renewals_total", store=store, outcome="ok") - renewals,
+        }
+
+    held = lock_tree("/obs/parent", namespace=namespace, backend=backend).acquire()
+    worker = threading.Thread(target=busy)
+    worker.start()
+    try:
+        outcomes = [in_fork(child) for _ in range(20)]
+    finally:
+        stop.set()
+        worker.join(WAIT)
+        held.release()
+    assert all(o == {"held": 0.0, "recorded": 1.0} for o in outcomes), outcomes
