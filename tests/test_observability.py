@@ -425,3 +425,13 @@ def test_a_forked_child_holds_none_of_its_parents_locks_and_records_its_own(back
         worker.join(WAIT)
         held.release()
     assert all(o == {"held": 0.0, "recorded": 1.0} for o in outcomes), outcomes
+
+
+def test_a_bad_setting_is_logged_and_the_lock_still_works(backend, namespace, caplog):
+    settings = {"ESDLOCK_METRICS_REGISTRY": "no.such.registry", "ESDLOCK_SLOW_WAIT": "soon"}
+    with override_settings(**settings), caplog.at_level(logging.ERROR, logger="django_esdlock"):
+        with lock_tree("/obs/misconfigured", namespace=namespace, backend=backend) as lock:
+            assert lock.held
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("ESDLOCK_METRICS_REGISTRY 'no.such.registry'") for m in messages), messages
+    assert any(m.startswith("ESDLOCK_SLOW_WAIT must be seconds") for m in messages), messages

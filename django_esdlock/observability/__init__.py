@@ -92,19 +92,28 @@ def _installed(module: str) -> bool:
 
 
 def _load() -> State:
+    """Read the settings. A bad one is logged and left off: reporting on locks must not stop them."""
     global _state
     metrics = tracing = None
     if getattr(settings, "ESDLOCK_METRICS", True) and _installed("prometheus_client"):
         from .metrics import metrics_on
 
         registry = getattr(settings, "ESDLOCK_METRICS_REGISTRY", None)
-        metrics = metrics_on(import_string(registry) if isinstance(registry, str) else registry)
+        try:
+            metrics = metrics_on(import_string(registry) if isinstance(registry, str) else registry)
+        except Exception:
+            logger.exception("ESDLOCK_METRICS_REGISTRY %r is not a registry: the locks record no metric", registry)
     if getattr(settings, "ESDLOCK_TRACING", True) and _installed("opentelemetry.trace"):
         from .tracing import LockTracing
 
         tracing = LockTracing()
     slow_wait = getattr(settings, "ESDLOCK_SLOW_WAIT", DEFAULT_SLOW_WAIT)
-    _state = State(metrics, tracing, None if slow_wait is None else float(slow_wait))
+    try:
+        slow_wait = None if slow_wait is None else float(slow_wait)
+    except (TypeError, ValueError):
+        logger.error("ESDLOCK_SLOW_WAIT must be seconds or None, not %r: using %gs", slow_wait, DEFAULT_SLOW_WAIT)
+        slow_wait = DEFAULT_SLOW_WAIT
+    _state = State(metrics, tracing, slow_wait)
     return _state
 
 
