@@ -334,7 +334,8 @@ def holding(lock: Any) -> None:
     lock.__dict__["_observed_hold"] = Hold(time.monotonic(), labels, span)
 
 
-def _end_hold(lock: Any, outcome: str, event: str, attributes: dict[str, Any]) -> None:
+def _end_hold(lock: Any, outcome: str, event: str | None, attributes: dict[str, Any]) -> None:
+    """End ``lock``'s hold with ``outcome``; ``event`` on its span first (None: the outcome says it all)."""
     hold = lock.__dict__.pop("_observed_hold", None)  # atomic: a loss and a release may race
     if hold is None:
         return
@@ -342,7 +343,8 @@ def _end_hold(lock: Any, outcome: str, event: str, attributes: dict[str, Any]) -
     if current.metrics is not None:
         current.metrics.hold_ended(hold.labels, outcome, time.monotonic() - hold.started)
     if hold.span is not None and current.tracing is not None:
-        current.tracing.event(hold.span, event, attributes)
+        if event is not None:
+            current.tracing.event(hold.span, event, attributes)
         current.tracing.end(hold.span, {"esdlock.outcome": outcome})
 
 
@@ -379,7 +381,7 @@ def released(lock: Any, lost_reason: str | None) -> None:
     if lost_reason is not None:
         lost(lock, lost_reason)
     else:
-        _end_hold(lock, "released", "released", {})
+        _end_hold(lock, "released", None, {})
 
 
 @never_raises
