@@ -4,7 +4,8 @@
 of the run's own, spans recorded by the OpenTelemetry SDK (when installed)
 and handed to a batch processor whose exporter drops them (no network in
 the figure). "Off" is neither; the metrics alone are measured beside them
-(``extra``). They take turns (``interleaved_rates``),
+(``extra``), and so is the CPU this process spends per pair in each
+(steadier than rates on a shared machine). They take turns (``interleaved_rates``),
 switched by :func:`django_esdlock.observability.use`; the goal is at most
 3 % slower (``≥ 0.97x``) on every store.
 """
@@ -12,6 +13,7 @@ switched by :func:`django_esdlock.observability.use`; the goal is at most
 from __future__ import annotations
 
 import importlib.util
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,6 +71,23 @@ def watched_state() -> tuple[observability.State, dict[str, bool]]:
     return state, {"metrics": metrics is not None, "spans_recorded": tracing is not None}
 
 
+def cpu_per_call(operations: dict[str, Callable[[], None]], *, calls: int, turns: int = 10) -> dict[str, float]:
+    """CPU seconds of this process (every thread) per call of each operation, taking ``turns`` turns.
+
+    Steadier than rates on a shared machine: what others run there delays a
+    pair, but does not add to the CPU this process spends on it.
+    """
+    spent = dict.fromkeys(operations, 0.0)
+    per_turn = max(1, calls // turns)
+    for _ in range(turns):
+        for name, operation in operations.items():
+            started = time.process_time()
+            for _ in range(per_turn):
+                operation()
+            spent[name] += time.process_time() - started
+    return {name: total / (per_turn * turns) for name, total in spent.items()}
+
+
 def figures(kit: StoreKit, seconds: float, say: Say) -> list[Figure]:
     """Tree lock pairs/s at depth 4 with metrics and spans on, against both off."""
     say(f"{kit.name}: lock pairs with metrics and spans on against off")
@@ -84,12 +103,11 @@ def figures(kit: StoreKit, seconds: float, say: Say) -> list[Figure]:
 
         return run
 
+    operations = {"on": pair(on), "off": pair(off), "metrics": pair(observability.State(on.metrics, None, None))}
     try:
-        metrics_only = observability.State(on.metrics, None, None)
         # Many short turns: on a shared machine, load comes and goes within a second.
-        rates = interleaved_rates(
-            {"on": pair(on), "off": pair(off), "metrics": pair(metrics_only)}, seconds, slices=SLICES
-        )
+        rates = interleaved_rates(operations, seconds, slices=SLICES)
+        cpu = cpu_per_call(operations, calls=max(20, min(rate.count for rate in rates.values()) // 2))
     finally:
         observability.use(None)
     return [
@@ -107,6 +125,7 @@ def figures(kit: StoreKit, seconds: float, say: Say) -> list[Figure]:
                 "median_on_s": rates["on"].median,
                 "median_off_s": rates["off"].median,
                 "metrics_only_per_s": rates["metrics"].per_second,
+                **{f"cpu_us_per_pair_{name}": round(spent * 1e6, 1) for name, spent in cpu.items()},
             },
         )
     ]
