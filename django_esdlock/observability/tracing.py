@@ -24,10 +24,18 @@ class LockTracing:
 
     def __init__(self, provider: trace.TracerProvider | None = None) -> None:
         self._tracer = None if provider is None else provider.get_tracer("django_esdlock", __version__)
+        self._global: tuple[trace.TracerProvider, trace.Tracer] | None = None
 
     def tracer(self) -> trace.Tracer:
-        # The global one looked up per span: an application may set its provider after the first lock.
-        return self._tracer or trace.get_tracer("django_esdlock", __version__)
+        if self._tracer is not None:
+            return self._tracer
+        # The global provider's, looked up at each span (an application may set it after the first lock),
+        # its tracer made once per provider (the SDK makes a new one at each get_tracer).
+        provider = trace.get_tracer_provider()
+        known = self._global
+        if known is None or known[0] is not provider:
+            known = self._global = (provider, provider.get_tracer("django_esdlock", __version__))
+        return known[1]
 
     def current_context(self) -> context.Context:
         return context.get_current()
