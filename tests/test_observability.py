@@ -2,12 +2,14 @@
 
 Counts are read from a registry of the test's own (``ESDLOCK_METRICS_REGISTRY``),
 in a namespace of the test's own, so nothing another test did is counted.
-Spans are captured by the OpenTelemetry SDK's in-memory exporter.
+Spans are captured by the OpenTelemetry SDK's in-memory exporter, on a tracer provider of the
+module's own (the process's global provider is left alone: other tests' spans stay no-ops).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -16,7 +18,6 @@ import uuid
 
 import pytest
 from django.test import override_settings
-from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -31,9 +32,11 @@ from django_esdlock import (
     global_lock,
     lock_documents,
     lock_tree,
+    observability,
 )
 from django_esdlock.conf import load_backend
 from django_esdlock.observability import store_of
+from django_esdlock.observability.tracing import LockTracing
 from django_esdlock.reaper import Reaper
 
 from .expiry import expire
@@ -64,16 +67,29 @@ def namespace():
 
 
 @pytest.fixture(scope="module")
-def exporter():
-    """Every span the SDK ends, kept in memory; the provider is the process's (set once per process)."""
+def span_provider():
+    """A tracer provider of this module's own (the process's global one stays as it was), and its exporter."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    if trace.get_tracer_provider() is not provider:  # another module set it first: add ours to it
-        trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter
+    provider.shutdown()
+
+
+@pytest.fixture
+def exporter(span_provider):
+    """Every span the locks end while the test runs, in memory."""
+    provider, exporter = span_provider
+    exporter.clear()
+    observability.use(dataclasses.replace(observability.state(), tracing=LockTracing(provider)))
     yield exporter
-    exporter.shutdown()  # later tests' spans are dropped, not kept
+    observability.use(None)
+
+
+@pytest.fixture
+def tracer(span_provider):
+    """The test's own spans (a request's), on the same provider."""
+    return span_provider[0].get_tracer("tests")
 
 
 def value(registry, name: str, **labels: str) -> float:
@@ -251,9 +267,7 @@ def by_name(spans, name: str) -> list:
     return [s for s in spans if s.name == name]
 
 
-def test_spans_are_children_of_the_callers_span_and_carry_the_attributes(backend, exporter, namespace):
-    exporter.clear()
-    tracer = trace.get_tracer("tests")
+def test_spans_are_children_of_the_callers_span_and_carry_the_attributes(backend, exporter, tracer, namespace):
     with tracer.start_as_current_span("request") as request:
         with lock_tree("/obs/spans/file", namespace=namespace, intent={"op": "obs"}, backend=backend) as lock:
             lock.checkpoint({"done": 1})
@@ -298,7 +312,6 @@ def test_a_wait_shows_its_rounds_and_its_outcome(backend, exporter, namespace):
 
 
 def test_a_lost_hold_and_a_reap_have_their_spans(backend, exporter, namespace):
-    exporter.clear()
     lock = lock_tree("/obs/reaped", namespace=namespace, backend=backend).acquire()
     expire(backend, lock.holder_id)
     report = Reaper(backend, namespace=namespace).run()
@@ -333,7 +346,6 @@ def test_nothing_is_recorded_when_switched_off(backend, namespace):
 def test_a_hand_off_ends_the_hold_here_and_a_claim_begins_one(backend, registry, exporter, namespace):
     from django_esdlock import resume_lock
 
-    exporter.clear()
     lock = lock_tree("/obs/handed", namespace=namespace, backend=backend).acquire()
     ticket = lock.handoff()
     store = store_of(backend)
@@ -350,8 +362,7 @@ def test_a_hand_off_ends_the_hold_here_and_a_claim_begins_one(backend, registry,
     assert claimed.attributes["esdlock.holder_id"] == first.attributes["esdlock.holder_id"]
 
 
-def test_an_async_acquire_is_a_child_of_the_tasks_span(backend, exporter, namespace):
-    tracer = trace.get_tracer("tests")
+def test_an_async_acquire_is_a_child_of_the_tasks_span(backend, exporter, tracer, namespace):
 
     async def task(name: str) -> int:
         with tracer.start_as_current_span(name) as span:
@@ -365,7 +376,6 @@ def test_an_async_acquire_is_a_child_of_the_tasks_span(backend, exporter, namesp
         finally:
             await backend.aclose()
 
-    exporter.clear()
     parents = asyncio.run(main())
     acquires = by_name(exporter.get_finished_spans(), "esdlock.acquire")
     assert sorted(s.parent.span_id for s in acquires) == sorted(parents)
@@ -374,8 +384,6 @@ def test_an_async_acquire_is_a_child_of_the_tasks_span(backend, exporter, namesp
 
 
 def test_a_loss_told_twice_counts_once_and_a_lock_taken_again_can_be_lost_again(backend, registry, namespace):
-    from django_esdlock import observability
-
     lock = lock_tree("/obs/twice", namespace=namespace, backend=backend)
     store = store_of(backend)
     for round_ in (1, 2):
