@@ -68,6 +68,7 @@ def expected_keys(store: str) -> set[str]:
         f"{store}.async.wakeup.p50",
         # fenced_update against QuerySet.update: the rows of a SQL store only
         *((f"{store}.fencing.rows1", f"{store}.fencing.rows100") if store != "elasticsearch" else ()),
+        f"{store}.observability.pair",
     }
 
 
@@ -249,3 +250,24 @@ def test_fencing_figures_hold_fenced_update_against_a_plain_update_on_both_sql_s
         assert figure["value"] > 0 and figure["baseline"] > 0 and figure["baseline_label"] == "QuerySet.update", key
         assert figure["met"] == verdict(figure), (key, figure)
     assert figures["postgres.fencing.rows1"]["goal"] == "≥ 0.91x"
+
+
+@pytest.mark.usefixtures("_lock_connections")
+def test_the_observability_figure_holds_pairs_with_metrics_and_spans_on_against_off():
+    out = io.StringIO()
+    call_command("lock_bench", "--backend", "sqlite", "--only", "observability", "--quick", "--json", stdout=out)
+    report = json.loads(out.getvalue())
+    assert report["errors"] == []
+    (figure,) = report["figures"]
+    assert figure["key"] == "sqlite.observability.pair" and figure["baseline_label"] == "both off"
+    assert figure["value"] > 0 and figure["baseline"] > 0 and figure["goal"] == "≥ 0.97x"
+    assert figure["met"] == verdict(figure)
+    assert figure["extra"]["metrics"] and figure["extra"]["spans_recorded"]
+
+
+@pytest.mark.usefixtures("_lock_connections")
+def test_the_dashboard_panels_are_drawn_from_a_workload(tmp_path):
+    picture = tmp_path / "dashboard.png"
+    out = io.StringIO()
+    call_command("lock_bench", "--backend", "sqlite", "--dashboard", str(picture), "--quick", stdout=out, stderr=out)
+    assert picture.read_bytes().startswith(b"\x89PNG") and f"wrote {picture}" in out.getvalue()
