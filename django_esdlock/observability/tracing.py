@@ -14,7 +14,7 @@ from typing import Any
 from opentelemetry import context, trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from .. import __version__
+from ..version import VERSION
 
 Attributes = Mapping[str, Any]
 
@@ -23,7 +23,7 @@ class LockTracing:
     """Starts and ends the package's spans on the tracer of ``provider`` (default: the global one, at each span)."""
 
     def __init__(self, provider: trace.TracerProvider | None = None) -> None:
-        self._tracer = None if provider is None else provider.get_tracer("django_esdlock", __version__)
+        self._tracer = None if provider is None else provider.get_tracer("django_esdlock", VERSION)
         self._global: tuple[trace.TracerProvider, trace.Tracer] | None = None
 
     def tracer(self) -> trace.Tracer:
@@ -34,7 +34,7 @@ class LockTracing:
         provider = trace.get_tracer_provider()
         known = self._global
         if known is None or known[0] is not provider:
-            known = self._global = (provider, provider.get_tracer("django_esdlock", __version__))
+            known = self._global = (provider, provider.get_tracer("django_esdlock", VERSION))
         return known[1]
 
     def current_context(self) -> context.Context:
