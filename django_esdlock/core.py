@@ -284,6 +284,7 @@ class BaseLock:
         self._grant = grant
         self._pid = os.getpid()
         self._lost_reason = None
+        self.__dict__.pop("_lost_signalled", None)
         self._valid_until = started + self.backend.held_for(grant.request.ttl)
         try:
             registry.add(self)
@@ -328,8 +329,7 @@ class BaseLock:
         observability.released(self, None if already_signalled else self._lost_reason)
         signals.send(signals.lock_released, sender=type(self), lock=self)
         if self._lost_reason is not None:
-            if not already_signalled:  # the renewer sent it when it noticed
-                signals.send(signals.lock_lost, sender=type(self), lock=self, reason=self._lost_reason)
+            self._signal_lost(self._lost_reason)  # unless the renewer sent it when it noticed
             raise LockLost(f"{self!r} was lost before release: {self._lost_reason}")
 
     # --- hand-off (see handoff.py): the twins' handoff() call these around one renewal
@@ -389,6 +389,13 @@ class BaseLock:
         if self._lost_reason is None:
             self._lost_reason = reason
             observability.lost(self, reason)
+            self._signal_lost(reason)
+
+    def _signal_lost(self, reason: str) -> None:
+        """Send ``lock_lost`` for this hold once: a renewal that finds the lease over while a release is on its
+        way to the store (it is not waited for) and that release both find the lock lost."""
+        told = object()
+        if self.__dict__.setdefault("_lost_signalled", told) is told:  # atomic: the first to tell sends it
             signals.send(signals.lock_lost, sender=type(self), lock=self, reason=reason)
 
     def _checkpoint_data(self, data: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -174,3 +174,28 @@ def test_an_unexpected_renewal_error_is_retried(backend, caplog):
     assert not lock.lost
     assert any("ZeroDivisionError" in r.getMessage() for r in caplog.records)
     lock.release()
+
+
+def test_a_loss_found_by_a_renewal_during_the_release_is_signalled_once(backend):
+    """The release does not wait for a renewal in flight: if that renewal finds the lease over after the release
+    looked, both report the loss, and ``lock_lost`` must still go out once (and again once for the next hold)."""
+    told: list[str] = []
+
+    def on_lost(reason, **kwargs):
+        told.append(reason)
+
+    signals.lock_lost.connect(on_lost, weak=False)
+    try:
+        lock = lock_tree("/told/once", ttl=TTL, backend=backend)
+        for _ in range(2):  # a second hold of the same Lock is told again
+            lock.acquire()
+            was_lost, already_signalled = lock._letting_go()  # the release looks: not lost yet
+            assert not was_lost and not already_signalled
+            lock._mark_lost("the renewal in flight found the lease over")  # then the renewal lands
+            still_held = backend.release(lock._grant)
+            lock._grant = None
+            with pytest.raises(LockLost):
+                lock._released(still_held, was_lost, already_signalled)
+    finally:
+        signals.lock_lost.disconnect(on_lost)
+    assert told == ["the renewal in flight found the lease over"] * 2
