@@ -27,6 +27,7 @@ class SyncApi:
     lock_tree = staticmethod(locks.lock_tree)
     global_lock = staticmethod(locks.global_lock)
     lock_documents = staticmethod(locks.lock_documents)
+    semaphore = staticmethod(locks.semaphore)
 
 
 class _TaskPerThread:
@@ -119,3 +120,4 @@ class AsyncApi:
     lock_tree = staticmethod(_blocking(aio.alock_tree))
     global_lock = staticmethod(_blocking(aio.aglobal_lock))
     lock_documents = staticmethod(_blocking(aio.alock_documents))
+    semaphore = staticmethod(_blocking(aio.asemaphore))

@@ -880,15 +880,35 @@ def test_the_previous_releases_acquire_call_still_runs_after_migration_0006(pg_c
     call = next(backend.dialect.acquire_steps(request, [node], backend.marker_ttl_ms))
     statement, params = call.sql, call.params
     assert statement.count("%(reentrant)s::text[]") == 1 and params["reentrant"] == [node.id]
-    previous = statement.replace("%(reentrant)s::text[]", "%(reentrant)s::boolean")
+    previous = (
+        statement.replace("%(reentrant)s::text[]", "%(reentrant)s::boolean")
+        .replace(", %(holder_limit)s::int", "")  # v7's semaphore limit came after both
+        .replace("taken, holder_limit FROM", "taken FROM")
+    )
     with psycopg.connect(pg_config["OPTIONS"]["url"], autocommit=True) as connection:
         token, taken = connection.execute(previous, {**params, "reentrant": True}).fetchone()
     assert token > 0 and taken == [node.id]
     assert [h.holder_id for h in all_holders(backend)] == [request.holder_id]
 
 
+def test_the_previous_releases_acquire_call_still_runs_after_migration_0008(pg_config, backend_of):
+    """A rolling deploy: a process of the release before 0008 calls esdlock_acquire v5, without a holder limit."""
+    backend = backend_of(pg_config)
+    backend.setup()
+    node = Node("default", Kind.DOCUMENT, "rolling-0008")
+    request = LockRequest(uuid.uuid4().hex, Owner.current(), ((node, Mode.X),), 30)
+    call = next(backend.dialect.acquire_steps(request, [node], backend.marker_ttl_ms))
+    statement, params = call.sql, call.params
+    previous = statement.replace(", %(holder_limit)s::int", "").replace("taken, holder_limit FROM", "taken FROM")
+    assert previous != statement
+    with psycopg.connect(pg_config["OPTIONS"]["url"], autocommit=True) as connection:
+        token, taken = connection.execute(previous, params).fetchone()
+    assert token > 0 and taken == [node.id]
+    assert [h.holder_id for h in all_holders(backend)] == [request.holder_id]
+
+
 def test_the_database_runs_the_current_function_files(pg_config, backend_of):
-    """After migrate, PostgreSQL's functions are the latest .sql files (and the boolean overload v4), byte for byte."""
+    """After migrate, PostgreSQL's functions are the latest .sql files (and the overloads v5 and v4), byte for byte."""
     backend_of(pg_config).setup()
     with psycopg.connect(url_of(pg_config), autocommit=True) as connection:
         installed = dict(
@@ -901,7 +921,9 @@ def test_the_database_runs_the_current_function_files(pg_config, backend_of):
         signature: function_sql(name, version).split("$$")[1]
         for signature, (name, version) in {
             "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
-            "precision,jsonb,text[],bigint,double precision)": ("esdlock_acquire", CURRENT["esdlock_acquire"]),
+            "precision,jsonb,text[],bigint,double precision,integer)": ("esdlock_acquire", CURRENT["esdlock_acquire"]),
+            "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
+            "precision,jsonb,text[],bigint,double precision)": ("esdlock_acquire", 5),
             "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
             "precision,jsonb,boolean,bigint,double precision)": ("esdlock_acquire", 4),
             "esdlock_release(text,text,jsonb)": ("esdlock_release", CURRENT["esdlock_release"]),

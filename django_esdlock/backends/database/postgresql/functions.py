@@ -6,9 +6,9 @@ installs it. A shipped version never changes (``tests/test_database.py``
 pins each file's statement): a change is a new version and a new migration
 that loads it, never a rewrite of an earlier migration's text.
 
-Current: ``esdlock_acquire`` v5 (0006; v4 stays as the boolean
-``p_reentrant`` overload for the processes of the release before it) and
-``esdlock_release`` v3 (0004). The dialect calls them (``dialect.py``).
+Current: ``esdlock_acquire`` v7 (0008: semaphores; v5 stays for the
+processes of the release before it, and v4 as the boolean ``p_reentrant``
+overload) and ``esdlock_release`` v3 (0004). The dialect calls them (``dialect.py``).
 
 Rules the functions keep (and the statements of ``dialect.py``):
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 SQL_DIR = Path(__file__).parent / "sql"
 
-CURRENT = {"esdlock_acquire": 5, "esdlock_release": 3}
+CURRENT = {"esdlock_acquire": 7, "esdlock_release": 3}
 """The version of each function the dialect calls (the latest migration installs it)."""
 
 

@@ -73,11 +73,11 @@ SELECT set_config('lock_timeout', '10s', false), set_config('idle_in_transaction
     # client that loses the answer releases the holder id best-effort; one
     # that dies leaves a grant its lease ends, like any dead holder.
     ACQUIRE = """
-SELECT token, taken FROM esdlock_acquire(
+SELECT token, taken, holder_limit FROM esdlock_acquire(
     %(ids)s::text[], %(namespaces)s::text[], %(kinds)s::text[], %(keys)s::text[], %(parents)s::text[],
     %(depths)s::int[], %(modes)s::text[], %(conflicts)s::text[], %(holder_id)s::text, %(owner)s::jsonb,
     %(owner_key)s::text, %(ttl_ms)s::float8, %(intent)s::jsonb, %(reentrant)s::text[], %(ticket)s::bigint,
-    %(marker_ttl_ms)s::float8)
+    %(marker_ttl_ms)s::float8, %(holder_limit)s::int)
 """
     RELEASE = "SELECT esdlock_release(%(holder_id)s::text, %(owner_key)s::text, %(conflicts)s::jsonb)"
 

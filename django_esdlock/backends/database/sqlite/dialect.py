@@ -107,6 +107,9 @@ SELECT h.node_id, h.holder_id, h.mode, h.owner_key, h.expires_at <= %(now)s AND 
 FROM esdlock_holder h
 WHERE h.node_id IN {_SQLITE_IDS}
 """
+    # A semaphore's limit as its holders recorded it (see protocol rule 5).
+    READ_LIMITS = f"SELECT id, holder_limit FROM esdlock_node WHERE id IN {_SQLITE_IDS} AND holder_limit IS NOT NULL"
+    WRITE_LIMIT = f"UPDATE esdlock_node SET holder_limit = %(holder_limit)s WHERE id IN {_SQLITE_IDS}"
     READ_WAITERS = f"""
 SELECT node_id, holder_id, mode, ticket FROM esdlock_waiter WHERE node_id IN {_SQLITE_IDS} AND expires_at > %(now)s
 """
@@ -335,7 +338,10 @@ class SQLiteDialect(Dialect):
         ids = json.dumps([node.id for node in nodes])
         holders = yield Statement(SQLiteSQL.READ_HOLDERS, {"ids": ids, "now": now}, Fetch.ALL)
         waiters = yield Statement(SQLiteSQL.READ_WAITERS, {"ids": ids, "now": now}, Fetch.ALL)
-        decision = decide(request, holders, waiters)
+        limits = None
+        if request.holder_limit is not None:
+            limits = dict((yield Statement(SQLiteSQL.READ_LIMITS, {"ids": ids}, Fetch.ALL)))
+        decision = decide(request, holders, waiters, limits)
         if decision.refused:
             if request.ticket is None:
                 return None, False
@@ -355,6 +361,8 @@ class SQLiteDialect(Dialect):
         yield Statement(SQLiteSQL.EVICT_FOR_ACQUIRE, {"ids": ids, "holder_id": request.holder_id, "now": now})
         if request.ticket is not None:
             yield Statement(SQLiteSQL.DROP_MARKERS, {"ids": ids, "holder_id": request.holder_id, "now": now})
+        if decision.holder_limit is not None:
+            yield Statement(SQLiteSQL.WRITE_LIMIT, {"ids": ids, "holder_limit": decision.holder_limit})
         token = yield from _next_token_steps()
         yield Statement(
             SQLiteSQL.WRITE_HOLDERS,
@@ -369,7 +377,8 @@ class SQLiteDialect(Dialect):
                 "intent": json_text(request.intent),
             },
         )
-        return Grant(request=request, token=token, taken=tuple(node for node, _ in decision.writes)), True
+        taken = tuple(node for node, _ in decision.writes)
+        return Grant(request=request, token=token, taken=taken, holder_limit=decision.holder_limit), True
 
     def release_steps(
         self, holder_id: str, owner_key: str | None, released: Sequence[tuple[Node, Mode | None]]
