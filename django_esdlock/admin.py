@@ -91,10 +91,23 @@ class ListFilters:
         return urlencode({k: v for k, v in values.items() if v})
 
 
+def _delayed_until(record: HolderRecord) -> datetime.datetime | None:
+    """Until when an expired holder still refuses its node (the lock delay), or None: it does not (any more)."""
+    try:
+        lock_delay = get_backend().lock_delay
+    except (LockError, ImproperlyConfigured):
+        return None
+    if not lock_delay or record.intent or not record.expired:
+        return None
+    until = record.expires_at + datetime.timedelta(seconds=lock_delay)
+    return until if until > datetime.datetime.now(datetime.UTC) else None
+
+
 def _row(record: HolderRecord) -> dict[str, Any]:
     owner = record.owner
     return {
         "record": record,
+        "delayed_until": _delayed_until(record),
         "owner": f"{owner.get('host', '?')} pid {owner.get('pid', '?')} {owner.get('thread_name', '')}".strip(),
         "intent": json.dumps(record.intent, sort_keys=True) if record.intent else "",
         "checkpoint": json.dumps(record.checkpoint, sort_keys=True) if record.checkpoint else "",
@@ -195,11 +208,14 @@ class HeldLockAdmin(admin.ModelAdmin):
         return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}")
 
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        lock_delay = 0.0
         try:
-            backend_name = redact(get_backend().describe())
+            backend = get_backend()
+            backend_name, lock_delay = redact(backend.describe()), backend.lock_delay
         except (LockError, ImproperlyConfigured) as e:
             backend_name = redact(f"misconfigured: {e}")
         return {
+            "lock_delay": lock_delay,
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": title,

@@ -26,12 +26,20 @@ DEFAULT_CONFIG: dict[str, Any] = {"BACKEND": DATABASE_BACKEND, "OPTIONS": {"usin
 DEFAULT_DEADLOCK_TIMEOUT = 1.0
 """Seconds a waiting request waits before it looks for a deadlock (PostgreSQL's default ``deadlock_timeout``)."""
 
-_ALLOWED_KEYS = frozenset({"BACKEND", "OPTIONS", "TTL", "DEADLOCK_TIMEOUT", "CLOCK_SKEW_MARGIN", *Limits.SETTINGS})
+_ALLOWED_KEYS = frozenset(
+    {"BACKEND", "OPTIONS", "TTL", "DEADLOCK_TIMEOUT", "CLOCK_SKEW_MARGIN", "LOCK_DELAY", *Limits.SETTINGS}
+)
 
 BACKENDS = (DATABASE_BACKEND, ELASTICSEARCH_BACKEND)
 """The stores a ``LOCK_BACKEND`` URL may name: each answers to the schemes its class declares (``url_schemes``)."""
 
-_LOCK_SETTINGS = ("ttl", "deadlock_timeout", "clock_skew_margin", *(key.lower() for key in Limits.SETTINGS))
+_LOCK_SETTINGS = (
+    "ttl",
+    "deadlock_timeout",
+    "clock_skew_margin",
+    "lock_delay",
+    *(key.lower() for key in Limits.SETTINGS),
+)
 """Query parameters of a ``LOCK_BACKEND`` URL that are the lock settings' own, not the store's."""
 
 
@@ -76,6 +84,8 @@ def parse_url(url: str) -> dict[str, Any]:
         config["DEADLOCK_TIMEOUT"] = ours.pop("deadlock_timeout")
     if "clock_skew_margin" in ours:
         config["CLOCK_SKEW_MARGIN"] = ours.pop("clock_skew_margin")
+    if "lock_delay" in ours:
+        config["LOCK_DELAY"] = ours.pop("lock_delay")
     for key in Limits.SETTINGS:
         if key.lower() in ours:
             try:
@@ -89,7 +99,7 @@ def parse_url(url: str) -> dict[str, Any]:
     config.update(BACKEND=path, OPTIONS=cls.options_from_url(f"{base}?{rest}" if rest else base))
     if str(config.get("DEADLOCK_TIMEOUT", "")).lower() in ("none", "off"):
         config["DEADLOCK_TIMEOUT"] = None  # ?deadlock_timeout=off: never look
-    for key in ("TTL", "DEADLOCK_TIMEOUT", "CLOCK_SKEW_MARGIN"):
+    for key in ("TTL", "DEADLOCK_TIMEOUT", "CLOCK_SKEW_MARGIN", "LOCK_DELAY"):
         if config.get(key) is None:
             continue
         try:
@@ -100,7 +110,7 @@ def parse_url(url: str) -> dict[str, Any]:
 
 
 def backend_config(value: Any = None) -> dict[str, Any]:
-    """Return the normalized setting: BACKEND, OPTIONS, TTL, DEADLOCK_TIMEOUT, CLOCK_SKEW_MARGIN and the caps."""
+    """Return the normalized setting: BACKEND, OPTIONS, TTL, DEADLOCK_TIMEOUT, CLOCK_SKEW_MARGIN, LOCK_DELAY, caps."""
     if value is None:
         value = getattr(settings, "LOCK_BACKEND", None) or DEFAULT_CONFIG
     if isinstance(value, str):
@@ -123,6 +133,7 @@ def backend_config(value: Any = None) -> dict[str, Any]:
         "TTL": validate_ttl(value.get("TTL", DEFAULT_TTL), "LOCK_BACKEND['TTL']"),
         "DEADLOCK_TIMEOUT": validate_deadlock_timeout(value.get("DEADLOCK_TIMEOUT", DEFAULT_DEADLOCK_TIMEOUT)),
         "CLOCK_SKEW_MARGIN": validate_clock_skew_margin(value.get("CLOCK_SKEW_MARGIN")),
+        "LOCK_DELAY": validate_lock_delay(value.get("LOCK_DELAY", 0.0)),
         **{key: validate_cap(value.get(key, getattr(Limits, field)), key) for key, field in Limits.SETTINGS.items()},
     }
 
@@ -150,6 +161,13 @@ def validate_clock_skew_margin(value: Any) -> float | None:
     return float(value)
 
 
+def validate_lock_delay(value: Any) -> float:
+    """Return ``value`` as seconds (0 or more): how long a node stays refused after its holder's lease ran out."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InvalidLockBackend(f"LOCK_BACKEND['LOCK_DELAY'] must be 0 or more seconds, not {value!r}")
+    return float(value)
+
+
 def load_backend(value: Any = None):
     """Build the backend a setting value names: ``import_string`` then ``cls(**OPTIONS)``."""
     from .backends.base import BaseLockBackend
@@ -165,6 +183,7 @@ def load_backend(value: Any = None):
     backend.deadlock_timeout = config["DEADLOCK_TIMEOUT"]
     if config["CLOCK_SKEW_MARGIN"] is not None:
         backend.clock_skew_margin = config["CLOCK_SKEW_MARGIN"]
+    backend.lock_delay = config["LOCK_DELAY"]
     backend.limits = Limits(**{field: config[key] for key, field in Limits.SETTINGS.items()})
     return backend
 

@@ -83,6 +83,8 @@ def force_release(
     if not release_if_unchanged(backend, records):
         return False
     message = f"Force-released holder {main.holder_id} on {len(records)} node(s)."
+    if intent is None and backend.lock_delay:
+        message += f" Its nodes stay refused for the lock delay ({backend.lock_delay:g} s): it may still write."
     if intent is not None:
         message += f" Discarded its intent {json.dumps(intent, sort_keys=True)} (never recovered)."
     log(user_id, main.holder_id, holder_repr(main), DELETION, message)

@@ -7,10 +7,11 @@ lease ends into every store and into this model, and compares the grants.
 
 The rules, for one request (all or nothing) and each node it asks for:
 
-1. **Who counts.** A holder counts if its lease is live, or if it carries an
-   intent (ended, it awaits recovery: a reaper finishes or frees it). The
-   request's own holder id never counts: a retry of the same request replaces
-   it.
+1. **Who counts.** A holder counts if its lease is live, if it carries an
+   intent (ended, it awaits recovery: a reaper finishes or frees it), or if
+   its lease ended less than the lock delay ago (``LOCK_DELAY``: it was not
+   released, so it may still write). The request's own holder id never
+   counts: a retry of the same request replaces it.
 2. **Modes.** A counting holder blocks the node if its mode is not compatible
    with the asked one (``django_esdlock.modes`` has the one table).
 3. **Reentry.** A reentrant request (document locks) counts as taken a node
@@ -66,9 +67,10 @@ def decide(
 ) -> Decision:
     """Judge ``request`` against the holders and live waiting markers of its nodes, by the rules above.
 
-    ``holders`` are rows ``(node_id, holder_id, mode, owner_key, has_intent,
-    live)``, ``waiters`` rows ``(node_id, holder_id, mode, ticket)`` of live
-    markers, ``recorded_limits`` the semaphore limit recorded on each node id.
+    ``holders`` are rows ``(node_id, holder_id, mode, owner_key, held_on,
+    live)``, where ``held_on`` says an ended lease still counts (an intent, or
+    the lock delay); ``waiters`` rows ``(node_id, holder_id, mode, ticket)``
+    of live markers; ``recorded_limits`` the semaphore limit recorded on each node id.
     """
     by_node: dict[str, list[Sequence[Any]]] = collections.defaultdict(list)
     for row in holders:
@@ -81,8 +83,8 @@ def decide(
     for node, mode in dict(request.targets).items():
         reentered = blocked = inside = False
         counting = 0
-        for _node_id, holder_id, held_mode, owner_key, has_intent, live in by_node[node.id]:
-            if holder_id == request.holder_id or not (live or has_intent):
+        for _node_id, holder_id, held_mode, owner_key, held_on, live in by_node[node.id]:
+            if holder_id == request.holder_id or not (live or held_on):
                 continue
             counting += 1
             inside = inside or (live and owner_key == request.owner.key)

@@ -56,6 +56,10 @@ FAILED = "failed"
 """Recovery state of a holder whose handler raised: retried once the reaper's lease runs out."""
 
 
+EVICTED_LEASE = 0.001
+"""Seconds of the lease an evicting take-over gives (the shortest a store stamps): its lock delay starts then."""
+
+
 def release_if_unchanged(backend: BaseLockBackend, records: Sequence[HolderRecord]) -> bool:
     """Force-release one holder, only if it is still the one listed; return True if released.
 
@@ -65,18 +69,26 @@ def release_if_unchanged(backend: BaseLockBackend, records: Sequence[HolderRecor
     decides it (of several callers exactly one wins), then a release by the
     taker; whatever that leaves (a failure in between) ends with the taker's
     lease. An intent goes with the holder: recover it first if it matters.
+
+    With a lock delay (``LOCK_DELAY``) a holder without an intent is evicted,
+    not released: taken over with a lease that ends at once, it blocks its
+    nodes for the delay, as a holder whose lease ran out does (its process
+    may still write). One with an intent is released at once: keeping it
+    would keep its intent for a recovery that was asked not to happen.
     """
+    evict = backend.lock_delay > 0 and not any(record.intent for record in records)
     grant = backend.take_over(
         records,
         Owner.current(),
-        ttl=backend.ttl,
+        ttl=EVICTED_LEASE if evict else backend.ttl,
         recovery=None,
         require_expired=False,
         require_unchanged=True,
     )
     if grant is None:
         return False
-    backend.release(grant)
+    if not evict:
+        backend.release(grant)
     return True
 
 
@@ -144,6 +156,10 @@ class Reaper:
     (the store is down, the lease ran out): handlers must be idempotent. One
     holder's failure (its handler, the store, a receiver) is reported in
     ``failed`` and never stops the pass.
+
+    The store's lock delay (``LOCK_DELAY``) is added to ``grace``: a holder
+    whose lease ended less than that long ago is neither evicted nor
+    recovered, since its process may still write.
     """
 
     def __init__(
@@ -171,7 +187,7 @@ class Reaper:
         if not self.backend.features.can_take_over:
             return report  # holders with an intent wait for a store that can hand them to a recovery
         for records in _by_holder(
-            self.backend.expired_with_intent(namespace=self.namespace, grace=self.grace)
+            self.backend.expired_with_intent(namespace=self.namespace, grace=self.grace + self.backend.lock_delay)
         ).values():
             self._guarded(records, report, lambda records=records: self._recover(records, report, require_expired=True))
         return report
@@ -202,7 +218,7 @@ class Reaper:
     def _evict_expired(self, report: ReapReport) -> None:
         report.evicted = self.backend.evict_expired(
             namespace=self.namespace,
-            grace=self.grace,
+            grace=self.grace + self.backend.lock_delay,  # a holder in its lock delay still blocks: it stays
             dry_run=self.dry_run,
             progress=lambda count: self.progress("evicted", count),
         )

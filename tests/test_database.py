@@ -882,7 +882,7 @@ def test_the_previous_releases_acquire_call_still_runs_after_migration_0006(pg_c
     assert statement.count("%(reentrant)s::text[]") == 1 and params["reentrant"] == [node.id]
     previous = (
         statement.replace("%(reentrant)s::text[]", "%(reentrant)s::boolean")
-        .replace(", %(holder_limit)s::int", "")  # v7's semaphore limit came after both
+        .replace(", %(lock_delay_ms)s::float8, %(holder_limit)s::int", "")  # v6's and v7's came after
         .replace("taken, holder_limit FROM", "taken FROM")
     )
     with psycopg.connect(pg_config["OPTIONS"]["url"], autocommit=True) as connection:
@@ -892,7 +892,7 @@ def test_the_previous_releases_acquire_call_still_runs_after_migration_0006(pg_c
 
 
 def test_the_previous_releases_acquire_call_still_runs_after_migration_0008(pg_config, backend_of):
-    """A rolling deploy: a process of the release before 0008 calls esdlock_acquire v5, without a holder limit."""
+    """A rolling deploy: a process of the release before 0008 calls esdlock_acquire v6, without a holder limit."""
     backend = backend_of(pg_config)
     backend.setup()
     node = Node("default", Kind.DOCUMENT, "rolling-0008")
@@ -908,7 +908,7 @@ def test_the_previous_releases_acquire_call_still_runs_after_migration_0008(pg_c
 
 
 def test_the_database_runs_the_current_function_files(pg_config, backend_of):
-    """After migrate, PostgreSQL's functions are the latest .sql files (and the overloads v5 and v4), byte for byte."""
+    """After migrate, PostgreSQL's functions are the latest .sql files (and the overloads v6, v5, v4), byte for byte."""
     backend_of(pg_config).setup()
     with psycopg.connect(url_of(pg_config), autocommit=True) as connection:
         installed = dict(
@@ -921,7 +921,12 @@ def test_the_database_runs_the_current_function_files(pg_config, backend_of):
         signature: function_sql(name, version).split("$$")[1]
         for signature, (name, version) in {
             "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
-            "precision,jsonb,text[],bigint,double precision,integer)": ("esdlock_acquire", CURRENT["esdlock_acquire"]),
+            "precision,jsonb,text[],bigint,double precision,double precision,integer)": (
+                "esdlock_acquire",
+                CURRENT["esdlock_acquire"],
+            ),
+            "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
+            "precision,jsonb,text[],bigint,double precision,double precision)": ("esdlock_acquire", 6),
             "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
             "precision,jsonb,text[],bigint,double precision)": ("esdlock_acquire", 5),
             "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "

@@ -137,6 +137,21 @@ class BaseLockBackend(abc.ABC):
     it (Elasticsearch: ``django_esdlock.W011``).
     """
 
+    lock_delay: float = 0.0
+    """Seconds a node stays refused to conflicting requests after a holder's lease ran out there (Chubby's lock-delay).
+
+    A holder that released is gone at once; one whose lease ended (its
+    process paused, partitioned or dead) or that an operator evicted still
+    blocks, by the store's clock, until ``lock_delay`` after that end: its
+    unfenced writes, late by less than that, land before anyone else's.
+    Judged by each request with its own backend's value, so every process
+    sharing a store sets the same ``LOCK_BACKEND["LOCK_DELAY"]`` (default 0).
+    """
+
+    @property
+    def lock_delay_ms(self) -> int:
+        return round(self.lock_delay * 1000)
+
     def held_for(self, ttl: float) -> float:
         """Return how long after sending a grant's or renewal's request its holder may count on a ``ttl`` lease.
 

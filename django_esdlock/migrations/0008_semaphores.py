@@ -2,7 +2,7 @@
 
 - Both vendors: ``esdlock_node.holder_limit`` (null for every other lock).
 - PostgreSQL: ``esdlock_acquire`` v7, an overload with ``p_holder_limit``
-  (and ``OUT holder_limit``); v5 stays, so the processes of the previous
+  (and ``OUT holder_limit``); v6 and v5 stay, so the processes of the previous
   release keep working through a rolling deploy.
 """
 
@@ -14,13 +14,13 @@ ACQUIRE_FUNCTION = function_sql("esdlock_acquire", 7)
 
 DROP_ACQUIRE_FUNCTION = (
     "DROP FUNCTION IF EXISTS esdlock_acquire(text[], text[], text[], text[], text[], int[], text[], text[], text, "
-    "jsonb, text, float8, jsonb, text[], bigint, float8, int)"
+    "jsonb, text, float8, jsonb, text[], bigint, float8, float8, int)"
 )
 
 
 def forwards(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(ACQUIRE_FUNCTION)  # an overload: v5 stays
+        schema_editor.execute(ACQUIRE_FUNCTION)  # an overload: v6 and v5 stay
 
 
 def backwards(apps, schema_editor):
@@ -29,7 +29,7 @@ def backwards(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_esdlock", "0006_reentry_per_node")]
+    dependencies = [("django_esdlock", "0007_lock_delay")]
 
     operations = [
         migrations.AddField(

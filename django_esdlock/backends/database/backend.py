@@ -786,6 +786,14 @@ class DatabaseLockBackend(BaseLockBackend):
         waiters = tuple(w for w in map(waiter, markers) if w is not None)
         return WaitState(waiters, tuple(record(row) for row in holders))
 
+    @property
+    def lock_delay(self) -> float:  # type: ignore[override]
+        return self.dialect.lock_delay_ms / 1000
+
+    @lock_delay.setter
+    def lock_delay(self, seconds: float) -> None:
+        self.dialect.lock_delay_ms = round(seconds * 1000)
+
     def holder_records(self, holder_id: str) -> list[HolderRecord]:
         return self._records("look a holder up", ["holder"], ["holder_id"], {"holder_id": holder_id})
 

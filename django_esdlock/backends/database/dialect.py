@@ -36,6 +36,10 @@ class Dialect:
     url_schemes: ClassVar[frozenset[str]] = frozenset()
     """The ``LOCK_BACKEND`` URL schemes of this database (as django-environ reads them)."""
 
+    lock_delay_ms: int = 0
+    """The backend's :attr:`~django_esdlock.backends.base.BaseLockBackend.lock_delay`, which acquisitions and
+    releases judge expired holders by (set through the backend)."""
+
     # --- declared features ---------------------------------------------------
 
     atomic_calls: ClassVar[bool] = False

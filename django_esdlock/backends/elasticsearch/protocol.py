@@ -322,6 +322,7 @@ class Protocol:
             "ttl_ms": request.ttl_ms,
             "node": node_fields(node),
             "max_holders": self.max_holders_per_node,
+            "lock_delay_ms": self.lock_delay_ms,
             "holder_limit": request.holder_limit,
         }
         if request.ticket is not None:  # only a request that may wait leaves a marker
@@ -504,6 +505,7 @@ class Protocol:
             "owner_key": owner_key,
             "tombstone_ms": RELEASE_TOMBSTONE_MS,
             "tombstones_kept": RELEASE_TOMBSTONES_KEPT,
+            "lock_delay_ms": self.lock_delay_ms,
         }
         operations: list[dict[str, Any]] = []
         shapes: list[list[str]] = []  # per node: its items in this bulk (a delete, a RELEASE, or both)

@@ -14,8 +14,10 @@ noida-db test server:
 - numbers are read into ``long`` locals from ``def`` (no ``(Number)`` casts).
 
 Expiry is judged by ``ctx._now``, the primary shard's clock. A holder that
-expired without an ``intent`` is gone; one with an intent is kept, still
-blocks conflicting requests and is left for the reaper to recover. The
+expired without an ``intent`` is gone once ``params.lock_delay_ms`` (the lock
+delay, often 0) has passed since its expiry: until then it still blocks
+conflicting requests. One with an intent is kept, still blocks conflicting
+requests and is left for the reaper to recover. The
 intent (and the checkpoint) is kept on the holder's main node alone (its S
 or X node): on its other nodes ``has_intent`` marks it, and counts the
 same (``intent`` alone marks the holders of an older release).
@@ -181,6 +183,9 @@ ACQUIRE = (
 // is dropped: a tombstone never stands beside its holder, so it proves only
 // the release that wrote it (see RELEASE).
 //
+// A holder whose lease ended less than params.lock_delay_ms ago (it was not
+// released) still counts, as a live one in its mode would: the lock delay.
+//
 // A node that keeps params.max_holders holders refuses a new one, as a
 // conflict would: Elasticsearch refuses a document with more nested objects
 // than the index's `index.mapping.nested_objects.limit`.
@@ -189,6 +194,8 @@ ACQUIRE = (
 // write: a refused poll of a busy node copies none of its markers (noida-db
 // copies each entry added to a list, ~0.1 ms each).
 long now = ctx._now;
+long delay = params.lock_delay_ms;
+long cut = now - delay;
 int held = 0;
 boolean refused = false;
 boolean reentered = false;
@@ -197,7 +204,7 @@ if (ctx._source.holders != null) {
   for (def h : ctx._source.holders) {
     long expiresAt = h.expires_at;
     boolean live = expiresAt > now;
-    if (h.id != params.holder.id && (live || h.intent != null || h.has_intent != null)) {
+    if (h.id != params.holder.id && (expiresAt > cut || h.intent != null || h.has_intent != null)) {
       held++;
       if (live && h.owner.key == params.holder.owner.key) {
         inside = true;
@@ -277,7 +284,7 @@ if (reentered) {
   if (ctx._source.holders != null) {
     for (def h : ctx._source.holders) {
       long expiresAt = h.expires_at;
-      if (h.id != params.holder.id && (expiresAt > now || h.intent != null || h.has_intent != null)) {
+      if (h.id != params.holder.id && (expiresAt > cut || h.intent != null || h.has_intent != null)) {
         kept.add(h);
       }
     }
@@ -325,9 +332,9 @@ if (reentered) {
 
 RELEASE = (
     """
-// Remove the holder params.holder_id (and expired holders without an intent);
-// delete the node when no holder and no live waiting marker is left, as the
-// chapter's release does. A no-op when the holder is not here, or was taken
+// Remove the holder params.holder_id (and holders without an intent expired
+// over params.lock_delay_ms ago); delete the node when no holder and no live
+// waiting marker is left, as the chapter's release does. A no-op when the holder is not here, or was taken
 // over by a reaper (its owner is no longer params.owner_key, unless that is
 // null: a forced release).
 //
@@ -337,13 +344,15 @@ RELEASE = (
 // a new primary after the old one applied it finds its holder gone, and the
 // backend reads the tombstone to tell its own release from a lost lock.
 long now = ctx._now;
+long delay = params.lock_delay_ms;
+long cut = now - delay;
 List kept = new ArrayList();
 boolean removed = false;
 for (def h : ctx._source.holders) {
   long expiresAt = h.expires_at;
   if (h.id == params.holder_id && (params.owner_key == null || h.owner.key == params.owner_key)) {
     removed = true;
-  } else if (expiresAt > now || h.intent != null || h.has_intent != null) {
+  } else if (expiresAt > cut || h.intent != null || h.has_intent != null) {
     kept.add(h);
   }
 }
@@ -445,8 +454,8 @@ if (renewed) {
 
 EVICT = (
     """
-// Remove holders whose lease ran out more than params.grace_ms ago and that
-// carry no intent, and expired waiting markers. A no-op when nothing goes.
+// Remove holders whose lease ran out more than params.grace_ms ago (the
+// caller adds the lock delay) and that carry no intent, and expired waiting markers. A no-op when nothing goes.
 // Never deletes the node, even left empty: the caller asks for the source
 // back, and Elasticsearch 7.0 answers 500 to a scripted delete that was asked
 // for its source; the caller deletes an emptied node with if_seq_no instead.

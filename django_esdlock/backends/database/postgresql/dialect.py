@@ -222,6 +222,7 @@ class PostgresDialect(Dialect):
             "reentrant": [node.id for node in nodes if request.may_reenter(node)],  # the ids it may reenter
             "ticket": request.ticket,
             "marker_ttl_ms": marker_ttl_ms,
+            "lock_delay_ms": self.lock_delay_ms,
             "holder_limit": request.holder_limit,
         }
         token, taken, holder_limit = yield Statement(PostgresSQL.ACQUIRE, params, Fetch.ONE)

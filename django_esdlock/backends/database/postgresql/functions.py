@@ -6,9 +6,10 @@ installs it. A shipped version never changes (``tests/test_database.py``
 pins each file's statement): a change is a new version and a new migration
 that loads it, never a rewrite of an earlier migration's text.
 
-Current: ``esdlock_acquire`` v7 (0008: semaphores; v5 stays for the
-processes of the release before it, and v4 as the boolean ``p_reentrant``
-overload) and ``esdlock_release`` v3 (0004). The dialect calls them (``dialect.py``).
+Current: ``esdlock_acquire`` v7 (0008: semaphores; v6 (0007, the lock
+delay), v5 and the boolean ``p_reentrant`` overload v4 stay for the
+processes of the releases before it) and
+``esdlock_release`` v3 (0004). The dialect calls them (``dialect.py``).
 
 Rules the functions keep (and the statements of ``dialect.py``):
 

@@ -77,7 +77,7 @@ SELECT token, taken, holder_limit FROM esdlock_acquire(
     %(ids)s::text[], %(namespaces)s::text[], %(kinds)s::text[], %(keys)s::text[], %(parents)s::text[],
     %(depths)s::int[], %(modes)s::text[], %(conflicts)s::text[], %(holder_id)s::text, %(owner)s::jsonb,
     %(owner_key)s::text, %(ttl_ms)s::float8, %(intent)s::jsonb, %(reentrant)s::text[], %(ticket)s::bigint,
-    %(marker_ttl_ms)s::float8, %(holder_limit)s::int)
+    %(marker_ttl_ms)s::float8, %(lock_delay_ms)s::float8, %(holder_limit)s::int)
 """
     RELEASE = "SELECT esdlock_release(%(holder_id)s::text, %(owner_key)s::text, %(conflicts)s::jsonb)"
 

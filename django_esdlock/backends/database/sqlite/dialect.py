@@ -100,10 +100,11 @@ SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(va
        json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]')
 FROM json_each(%(nodes)s)
 """
-    # Whether a holder carries an intent is looked up only for expired ones (it is what keeps them).
+    # An expired holder still counts while it is in its lock delay (ended after %(cut)s) or carries an intent;
+    # the intent is looked up only for expired ones.
     READ_HOLDERS = f"""
-SELECT h.node_id, h.holder_id, h.mode, h.owner_key, h.expires_at <= %(now)s AND {_has_intent("h")},
-       h.expires_at > %(now)s
+SELECT h.node_id, h.holder_id, h.mode, h.owner_key,
+       h.expires_at <= %(now)s AND (h.expires_at > %(cut)s OR {_has_intent("h")}), h.expires_at > %(now)s
 FROM esdlock_holder h
 WHERE h.node_id IN {_SQLITE_IDS}
 """
@@ -138,12 +139,12 @@ FROM esdlock_waiter w LEFT JOIN esdlock_node n ON n.id = w.node_id
 WHERE w.expires_at > %(now)s AND (%(all)s OR w.node_id IN {_SQLITE_IDS})
 ORDER BY w.node_id, w.ticket
 """
-    # Expired holders without an intent go; so does an earlier copy of this
-    # holder (a retried request), which is written afresh below.
+    # Holders without an intent that expired before %(cut)s (past their lock delay) go; so does an earlier
+    # copy of this holder (a retried request), which is written afresh below.
     EVICT_FOR_ACQUIRE = f"""
 DELETE FROM esdlock_holder
 WHERE node_id IN {_SQLITE_IDS}
-  AND (holder_id = %(holder_id)s OR (expires_at <= %(now)s AND NOT {_has_intent("esdlock_holder")}))
+  AND (holder_id = %(holder_id)s OR (expires_at <= %(cut)s AND NOT {_has_intent("esdlock_holder")}))
 """
     NEXT_TOKEN = f"UPDATE {TOKEN_COUNTER} SET value = value + 1"
     RAISE_TOKEN_FLOOR = f"UPDATE {TOKEN_COUNTER} SET value = %(floor)s WHERE value < %(floor)s"
@@ -324,6 +325,12 @@ class SQLiteDialect(Dialect):
         cutoff = yield from _time_steps(now, -params.get("grace_ms", 0))
         return {**params, "now": now, "cutoff": cutoff}
 
+    def _delay_cut_steps(self, now: str) -> Steps[str]:
+        """Return the time the lock delay before ``now``: a holder that expired after it still counts."""
+        if not self.lock_delay_ms:
+            return now
+        return (yield from _time_steps(now, -self.lock_delay_ms))
+
     # SQLite has no async API of its own: the Dialect's blocking methods
     # drive these steps, acquire's its own (it commits only what it wrote).
 
@@ -335,8 +342,9 @@ class SQLiteDialect(Dialect):
     ) -> Steps[tuple[Grant | None, bool]]:
         """Return ``(the grant or None, commit)``: a refusal commits only the markers it left or renewed."""
         now = yield from _now_steps()
+        cut = yield from self._delay_cut_steps(now)
         ids = json.dumps([node.id for node in nodes])
-        holders = yield Statement(SQLiteSQL.READ_HOLDERS, {"ids": ids, "now": now}, Fetch.ALL)
+        holders = yield Statement(SQLiteSQL.READ_HOLDERS, {"ids": ids, "now": now, "cut": cut}, Fetch.ALL)
         waiters = yield Statement(SQLiteSQL.READ_WAITERS, {"ids": ids, "now": now}, Fetch.ALL)
         limits = None
         if request.holder_limit is not None:
@@ -358,7 +366,7 @@ class SQLiteDialect(Dialect):
             )
             return None, written > 0
         yield Statement(SQLiteSQL.CREATE_NODES, {"nodes": json.dumps([node_row(node) for node in nodes])})
-        yield Statement(SQLiteSQL.EVICT_FOR_ACQUIRE, {"ids": ids, "holder_id": request.holder_id, "now": now})
+        yield Statement(SQLiteSQL.EVICT_FOR_ACQUIRE, {"ids": ids, "holder_id": request.holder_id, "cut": cut})
         if request.ticket is not None:
             yield Statement(SQLiteSQL.DROP_MARKERS, {"ids": ids, "holder_id": request.holder_id, "now": now})
         if decision.holder_limit is not None:
@@ -388,7 +396,8 @@ class SQLiteDialect(Dialect):
         id_list = json.dumps(ids)
         params = {"ids": id_list, "holder_id": holder_id, "owner_key": owner_key}
         removed = yield Statement(SQLiteSQL.RELEASE_HOLDER, params, Fetch.ROWCOUNT)
-        yield Statement(SQLiteSQL.EVICT_EXPIRED_ON, {"ids": id_list, "cutoff": now})
+        cut = yield from self._delay_cut_steps(now)
+        yield Statement(SQLiteSQL.EVICT_EXPIRED_ON, {"ids": id_list, "cutoff": cut})
         yield Statement(SQLiteSQL.DELETE_EMPTY_NODES, {"ids": id_list})
         return removed == len(ids)
 

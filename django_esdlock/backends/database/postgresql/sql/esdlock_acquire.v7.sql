@@ -1,16 +1,18 @@
--- esdlock_acquire v7 (migration 0008): v5 with p_holder_limit, a semaphore's limit (its request has one node):
+-- esdlock_acquire v7 (migration 0008): v6 with p_holder_limit, a semaphore's limit (its request has one node):
 -- the node takes a holder only while its counting grants and the live markers queued before the request (any
 -- mode; none where the requester's owner holds the node) number fewer than the limit that stands there: the
--- node's holder_limit while any grant counts, else p_holder_limit; a grant records it again and returns it
--- (OUT holder_limit). NULL for every other lock: then v5's rules alone. An overload: v5 stays. Current.
+-- node's holder_limit while any grant counts, else p_holder_limit; a grant records it again, returns it (OUT
+-- holder_limit) and wakes the next waiters while slots are left. NULL for every other lock: v6's rules alone.
+-- An overload: v6 and v5 stay. Current.
 CREATE OR REPLACE FUNCTION esdlock_acquire(
     p_ids text[], p_namespaces text[], p_kinds text[], p_keys text[], p_parents text[], p_depths int[],
     p_modes text[], p_conflicts text[], p_holder_id text, p_owner jsonb, p_owner_key text, p_ttl_ms float8,
-    p_intent jsonb, p_reentrant text[], p_ticket bigint, p_marker_ttl_ms float8, p_holder_limit int,
-    OUT token bigint, OUT taken text[], OUT holder_limit int
+    p_intent jsonb, p_reentrant text[], p_ticket bigint, p_marker_ttl_ms float8, p_lock_delay_ms float8,
+    p_holder_limit int, OUT token bigint, OUT taken text[], OUT holder_limit int
 ) LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now timestamptz := statement_timestamp();
+    v_cut timestamptz := statement_timestamp() - p_lock_delay_ms * interval '1 millisecond';
     v_refused text[];
     v_modes text[];
     v_blockers text[];
@@ -34,8 +36,9 @@ BEGIN
 
     FOR v_round IN 1..3 LOOP
         -- Judge each node, one pass over its entries and one index probe of
-        -- its markers. A grant counts if live or awaiting recovery (it has
-        -- an intent); the request's own holder id never counts (a retry). A
+        -- its markers. A grant counts if live, ended less than the lock
+        -- delay ago, or awaiting recovery (it has an intent); the request's
+        -- own holder id never counts (a retry). A
         -- reentrant request skips a node its owner holds live in the same
         -- mode. A live marker of another request in a conflicting mode
         -- refuses a request queued after it, unless the requester's owner
@@ -61,11 +64,11 @@ BEGIN
             JOIN esdlock_node n ON n.id = a.node_id
             CROSS JOIN LATERAL (
                 SELECT bool_or(g.expires_at > v_now AND g.owner_key = p_owner_key AND e.value = a.mode) AS reentered,
-                       bool_or((g.expires_at > v_now OR g.intent IS NOT NULL)
+                       bool_or((g.expires_at > v_cut OR g.intent IS NOT NULL)
                                AND e.value = ANY(string_to_array(a.conflicts, ','))) AS blocked,
                        bool_or(g.expires_at > v_now AND g.owner_key = p_owner_key) AS inside,
-                       bool_or(g.expires_at <= v_now AND g.intent IS NULL) AS expired,
-                       count(*) FILTER (WHERE g.expires_at > v_now OR g.intent IS NOT NULL) AS counting
+                       bool_or(g.expires_at <= v_cut AND g.intent IS NULL) AS expired,
+                       count(*) FILTER (WHERE g.expires_at > v_cut OR g.intent IS NOT NULL) AS counting
                 FROM jsonb_each_text(coalesce(n.entries, '{}'::jsonb)) AS e
                 JOIN esdlock_grant g ON g.holder_id = e.key
                 WHERE e.key <> p_holder_id
@@ -103,12 +106,12 @@ BEGIN
             JOIN esdlock_node n ON n.id = a.node_id
             CROSS JOIN LATERAL jsonb_each_text(coalesce(n.entries, '{}'::jsonb)) AS e
             JOIN esdlock_grant g ON g.holder_id = e.key
-            WHERE e.key <> p_holder_id AND g.expires_at <= v_now AND g.intent IS NULL;
+            WHERE e.key <> p_holder_id AND g.expires_at <= v_cut AND g.intent IS NULL;
             PERFORM 1 FROM esdlock_grant WHERE holder_id = ANY(v_expired)
             ORDER BY holder_id COLLATE "C" FOR UPDATE;
             WITH gone AS (
                 DELETE FROM esdlock_grant
-                WHERE holder_id = ANY(v_expired) AND intent IS NULL AND expires_at <= v_now
+                WHERE holder_id = ANY(v_expired) AND intent IS NULL AND expires_at <= v_cut
                 RETURNING holder_id
             )
             SELECT array_agg(holder_id) INTO v_evicted FROM gone;
@@ -143,7 +146,7 @@ BEGIN
                 JOIN esdlock_grant g ON g.holder_id = e.key
                 WHERE e.key <> p_holder_id
                   AND (e.value = ANY(string_to_array(a.conflicts, ',')) OR p_holder_limit IS NOT NULL)
-                  AND (g.expires_at > v_now OR g.intent IS NOT NULL);
+                  AND (g.expires_at > v_cut OR g.intent IS NOT NULL);
                 IF v_held_blocked THEN
                     -- A grant that refused us and went before this lock may
                     -- not have seen the marker: judge again rather than wait.
