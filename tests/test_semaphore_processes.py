@@ -103,7 +103,7 @@ def _stopped(pid: int) -> bool:
         return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
 
 
-def _ready(workers, ready) -> tuple[int, int]:
+def _ready(workers, ready):
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
         workers.check()
@@ -145,10 +145,13 @@ def test_a_holder_frozen_past_its_lease_gives_its_slot_to_a_waiter_and_is_told_o
     assert outcome == {"lost": True, "check": "LockLost", "release": "LockLost"}
 
 
-def queued_waiter(config: dict, name: str) -> int:
-    """Wait for the one slot; return when it was granted (``monotonic_ns``)."""
+def queued_waiter(config: dict, name: str, ready, go) -> int:
+    """Say ready, wait to be let go, then wait for the one slot; return when it was granted (``monotonic_ns``)."""
     setup_django()
     backend = load_backend(config)
+    ready.put(os.getpid())
+    if not go.wait(WAIT):
+        raise TimeoutError("never let go")
     with semaphore(name, 1, timeout=WAIT, backend=backend):
         granted = time.monotonic_ns()
         time.sleep(0.01)
@@ -159,20 +162,22 @@ def queued_waiter(config: dict, name: str) -> int:
 def test_queued_waiters_in_processes_are_granted_in_the_order_they_came(lock_config):
     backend = load_backend(lock_config)
     node = Node("default", Kind.SEMAPHORE, "fifo")
+    ready, gos = SPAWN.Queue(), [SPAWN.Event() for _ in range(4)]
     try:
         holder = semaphore("fifo", 1, timeout=0, backend=backend).acquire()
-        processes = []
-        with contextlib.ExitStack() as stack:
-            for i in range(4):
-                processes.append(stack.enter_context(spawned(queued_waiter, [(lock_config, "fifo")])))
-                # The next one starts once this one's marker is in the store: the queue's order is known.
+        with spawned(queued_waiter, [(lock_config, "fifo", ready, go) for go in gos]) as workers:
+            for _ in gos:
+                _ready(workers, ready)
+            for i, go in enumerate(gos):
+                go.set()
+                # The next one asks once this one's marker is in the store: the queue's order is known.
                 deadline = time.monotonic() + WAIT
                 while len(backend.wait_state([node]).waiters) < i + 1:
-                    processes[-1].check()
+                    workers.check()
                     assert time.monotonic() < deadline, f"waiter {i} left no marker"
                     time.sleep(0.02)
             holder.release()
-            granted = [workers.results(WAIT)[0] for workers in processes]
+            granted = workers.results(WAIT)
     finally:
         backend.close()
     assert granted == sorted(granted)
