@@ -242,6 +242,8 @@ class HolderRecord:
     checkpoint: Mapping[str, Any] | None = None
     recovery: Mapping[str, Any] | None = None
     """Set once a reaper took the holder over: state, attempts, last error."""
+    holder_limit: int | None = None
+    """Of a semaphore's holder: the limit that stands on its node (see ``LockRequest.holder_limit``)."""
 
     @property
     def owner_key(self) -> str:
@@ -266,6 +268,7 @@ class HolderRecord:
             "intent": self.intent,
             "checkpoint": self.checkpoint,
             "recovery": self.recovery,
+            **({} if self.holder_limit is None else {"holder_limit": self.holder_limit}),
         }
 
 

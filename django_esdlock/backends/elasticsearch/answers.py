@@ -273,6 +273,7 @@ def records(source: Mapping[str, Any], holders: Sequence[Mapping[str, Any]] | No
                 intent=h.get("intent") if main else None,
                 checkpoint=h.get("checkpoint") if main else None,
                 recovery=h.get("recovery"),
+                holder_limit=source.get("holder_limit") if node.kind is Kind.SEMAPHORE else None,
             )
         )
     return found

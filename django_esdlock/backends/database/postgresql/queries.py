@@ -171,7 +171,7 @@ ORDER BY w.node_id COLLATE "C", w.ticket
     RECORD_COLUMNS = """
 n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner::text, h.token,
 (extract(epoch FROM h.acquired_at) * 1000)::bigint, (extract(epoch FROM h.expires_at) * 1000)::bigint,
-h.intent::text, h.checkpoint::text, h.recovery::text
+h.intent::text, h.checkpoint::text, h.recovery::text, n.holder_limit
 """
     # Nodes ordered bytewise by namespace, kind and key, as Elasticsearch sorts keywords.
     NODE_ORDER = 'n.namespace COLLATE "C", n.kind COLLATE "C", n.key COLLATE "C"'
@@ -179,7 +179,7 @@ h.intent::text, h.checkpoint::text, h.recovery::text
         RECORD_COLUMNS,
         NODE_ORDER,
         'h.holder_id COLLATE "C"',
-        node_columns="n.id, n.namespace, n.kind, n.key, n.entries",
+        node_columns="n.id, n.namespace, n.kind, n.key, n.entries, n.holder_limit",
         holders_join=f"CROSS JOIN LATERAL {_HOLDERS_OF_N}",
         holders_of_n=f"{_HOLDERS_OF_N} WHERE",
     )

@@ -198,7 +198,7 @@ WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s
 
     RECORD_COLUMNS = f"""
 n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner, h.token,
-{_sqlite_ms("h.acquired_at")}, {_sqlite_ms("h.expires_at")}, h.intent, h.checkpoint, h.recovery
+{_sqlite_ms("h.acquired_at")}, {_sqlite_ms("h.expires_at")}, h.intent, h.checkpoint, h.recovery, n.holder_limit
 """
     NODE_ORDER = "n.namespace, n.kind, n.key"
     _HOLDERS = {"holders_join": "JOIN esdlock_holder h ON h.node_id = n.id"}
@@ -206,7 +206,7 @@ n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner, h.token,
         RECORD_COLUMNS,
         NODE_ORDER,
         "h.holder_id",
-        node_columns="n.id, n.namespace, n.kind, n.key",
+        node_columns="n.id, n.namespace, n.kind, n.key, n.holder_limit",
         holders_of_n="esdlock_holder h WHERE h.node_id = n.id AND",
         **_HOLDERS,
     )
