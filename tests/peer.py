@@ -47,7 +47,8 @@ def build_lock(config: dict, spec: dict, backend=None):
         return global_lock(spec.get("name", "global"), backend=backend, **kwargs)
     if scheme == "semaphore":
         namespace = spec.get("namespace", "default")
-        return semaphore(spec["name"], spec["limit"], namespace=namespace, backend=backend, **kwargs)
+        intent = spec.get("intent")
+        return semaphore(spec["name"], spec["limit"], namespace=namespace, intent=intent, backend=backend, **kwargs)
     if scheme == "raw":  # one node in one mode, to test single cells of the matrix
         node = Node(spec.get("namespace", "default"), Kind.TREE, spec["path"])
         return Lock(((node, Mode(spec["mode"])),), backend=backend, **kwargs)

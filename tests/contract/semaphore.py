@@ -6,6 +6,7 @@ in the store, a lease is made to run out by moving it back (tests/expiry.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -15,10 +16,13 @@ import pytest
 from django_esdlock import InvalidLockArgument, LockDeadlock, LockLost, LockUnavailable
 from django_esdlock.records import Kind, Node
 
+from .. import handlers  # noqa: F401  (registers the test recovery handlers)
 from ..apis import SyncApi
 from ..expiry import expire
 from ..leases import wait_until
+from ..peer import Peer
 from .lock import all_holders, requests_sent
+from .reaper import reap
 
 NAME = "reindex"
 NODE = Node("default", Kind.SEMAPHORE, NAME)
@@ -164,6 +168,34 @@ class SemaphoreContract:
         peer.release("only")
         with self.api.semaphore(NAME, 1, timeout=0, backend=backend) as lock:
             assert lock.token > 0
+
+    def test_reap_locks_removes_a_killed_holder_and_recovers_one_with_an_intent(
+        self, lock_config, backend, peer, tmp_path
+    ):
+        live = peer.acquire("live", scheme="semaphore", name=NAME, limit=3, ttl=30)
+        out = tmp_path / "runs.jsonl"
+        dead, recovering = Peer(lock_config), Peer(lock_config)
+        try:
+            gone = dead.acquire("gone", scheme="semaphore", name=NAME, limit=3, ttl=30)
+            intent = {"op": "test-append", "file": str(out)}
+            unfinished = recovering.acquire("job", scheme="semaphore", name=NAME, limit=3, ttl=30, intent=intent)
+        finally:
+            dead.kill()
+            recovering.kill()
+        expire(backend, unfinished["holder_id"])
+        # Expired with an intent, it keeps its slot until it is recovered: the three slots stay taken.
+        with pytest.raises(LockUnavailable):
+            self.api.semaphore(NAME, 3, timeout=0, backend=backend).acquire()
+        expire(backend, gone["holder_id"])
+        report = reap(lock_config)
+        assert [h["holder_id"] for h in report["evicted"]] == [gone["holder_id"]]
+        assert report["evicted"][0]["holder_limit"] == 3
+        assert [r["holder"]["holder_id"] for r in report["recovered"]] == [unfinished["holder_id"]]
+        (run,) = [json.loads(line) for line in out.read_text().splitlines()]
+        assert run["token"] > unfinished["token"]
+        assert {h.holder_id for h in all_holders(backend)} == {live["holder_id"]}
+        assert not peer.is_lost("live")
+        peer.release("live")
 
     def test_a_semaphore_is_apart_from_a_lock_of_the_same_name(self, backend):
         with self.api.semaphore(NAME, 1, timeout=0, backend=backend):
