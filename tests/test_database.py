@@ -891,6 +891,22 @@ def test_the_previous_releases_acquire_call_still_runs_after_migration_0006(pg_c
     assert [h.holder_id for h in all_holders(backend)] == [request.holder_id]
 
 
+def test_the_previous_releases_acquire_call_still_runs_after_migration_0007(pg_config, backend_of):
+    """A rolling deploy: a process of the release before 0007 calls esdlock_acquire without p_lock_delay_ms."""
+    backend = backend_of(pg_config)
+    backend.setup()
+    node = Node("default", Kind.TREE, "/rolling")
+    request = LockRequest(uuid.uuid4().hex, Owner.current(), ((node, Mode.X),), 30)
+    call = next(backend.dialect.acquire_steps(request, [node], backend.marker_ttl_ms))
+    assert call.sql.count(", %(lock_delay_ms)s::float8") == 1 and call.params["lock_delay_ms"] == 0
+    previous = call.sql.replace(", %(lock_delay_ms)s::float8, %(holder_limit)s::int", "")  # nor 0008's limit
+    previous = previous.replace("taken, holder_limit FROM", "taken FROM")
+    with psycopg.connect(pg_config["OPTIONS"]["url"], autocommit=True) as connection:
+        token, taken = connection.execute(previous, call.params).fetchone()
+    assert token > 0 and taken == [node.id]
+    assert [h.holder_id for h in all_holders(backend)] == [request.holder_id]
+
+
 def test_the_previous_releases_acquire_call_still_runs_after_migration_0008(pg_config, backend_of):
     """A rolling deploy: a process of the release before 0008 calls esdlock_acquire v6, without a holder limit."""
     backend = backend_of(pg_config)

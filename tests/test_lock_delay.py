@@ -32,6 +32,7 @@ from tests.procs import spawned
 
 DELAY = 30.0
 TTL = 60.0
+ADMIN = "/admin/django_esdlock/heldlock/"
 WAIT = 60.0
 """Seconds any step of the process test may take before it fails the test."""
 
@@ -226,3 +227,28 @@ def test_a_frozen_holders_late_act_comes_before_the_next_grant(kind, shared_stor
         assert grant > act, f"granted {act - grant:.3f}s before the frozen holder's late act, despite the delay"
         act, grant = frozen_then_taken(config, ttl=ttl, pause=pause)
         assert grant < act, f"without a delay, granted only {grant - act:.3f}s after the late act"
+
+
+@pytest.mark.django_db
+def test_the_admin_shows_the_delay_and_its_forced_release_evicts(client, django_user_model, store_config, settings):
+    from django.contrib.admin.models import LogEntry
+
+    from django_esdlock.conf import get_backend
+
+    from .admin_support import staff_user
+
+    settings.LOCK_BACKEND = {**store_config, "LOCK_DELAY": DELAY}
+    client.force_login(staff_user(django_user_model, "releaser", "view_heldlock", "delete_heldlock"))
+    backend = get_backend()
+    holder_id = backend.acquire(request_for("/d/a", owner=other_owner())).request.holder_id
+    listing = client.get(ADMIN)
+    assert b"lock delay" in listing.content and b"node refused until" not in listing.content
+    response = client.post(ADMIN + "release/", {"holder": holder_id, "confirm": "yes"})
+    assert response.status_code == 302
+    (entry,) = LogEntry.objects.filter(object_id=holder_id)
+    assert "refused for the lock delay (30 s)" in entry.change_message
+    listing = client.get(ADMIN)
+    (row,) = listing.context["rows"]
+    assert row["record"].holder_id == holder_id and row["delayed_until"] is not None
+    assert b"node refused until" in listing.content
+    assert backend.acquire(request_for("/d/a", owner=other_owner())) is None

@@ -242,7 +242,6 @@ def run_check(
     if options.guarded is not None:
         guarded = GuardedStore.for_backend(backend, options.guarded)
         guarded_data = guarded.open()
-        guarded_data.create(guarded_keys(namespace))
     spec = WorkloadSpec(
         config=worker_config,
         namespace=namespace,
@@ -259,6 +258,8 @@ def run_check(
     _recoveries[namespace] = _recorder(writer, reaping)
     workers: Workers | None = None
     try:
+        if guarded is not None:  # inside the try: a run that fails from here on drops what it created
+            guarded_data.create(guarded_keys(namespace))
         workers = Workers(spec, options.processes, writer.record)
         workers.wait_ready(START_TIMEOUT)
         stop_at = time.monotonic() + options.seconds
