@@ -93,6 +93,28 @@ def contend_global(backend: Any, conn: Connection) -> dict[str, Any]:
     return _hammer(acquire, release, conn.recv())
 
 
+def contend_semaphore(backend: Any, conn: Connection, *, name: str, limit: int) -> dict[str, Any]:
+    """:func:`contend_global` on a semaphore of ``limit``; also each hold's (grant, release) on the monotonic clock."""
+    from ..locks import semaphore
+
+    held: list[Any] = []
+    holds: list[tuple[float, float]] = []
+
+    def acquire() -> None:
+        held.append(semaphore(name, limit, namespace="bench", backend=backend).acquire())
+        holds.append((time.monotonic(), 0.0))
+
+    def release() -> None:
+        holds[-1] = (holds[-1][0], time.monotonic())
+        held.pop().release()
+
+    acquire()
+    release()
+    holds.clear()
+    conn.send("ready")
+    return {**_hammer(acquire, release, conn.recv()), "holds": holds}
+
+
 def contend_peer(backend: Any, conn: Connection, *, peer: dict[str, str]) -> dict[str, Any]:
     """The same as :func:`contend_global` with a peer's lock (``peers.PeerSpec`` fields)."""
     from .peers import PeerSpec, peer_lock
@@ -211,6 +233,7 @@ def deadlock(backend: Any, conn: Connection, *, namespace: str, deadlock_timeout
 TASKS: dict[str, Callable[..., Any]] = {
     "contend": contend,
     "contend_global": contend_global,
+    "contend_semaphore": contend_semaphore,
     "contend_peer": contend_peer,
     "churn": churn,
     "wake": wake,
