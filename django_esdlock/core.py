@@ -244,7 +244,7 @@ class BaseLock:
                 return grant, started
             remaining = math.inf if deadline is None else deadline - time.monotonic()
             if self.timeout == 0:
-                reason = backend.refusal_reason(request) or "is held in a conflicting mode"
+                reason = backend.refusal_reason(request) or self._refused_because()
                 raise LockUnavailable(f"{self._describe()} {reason}")
             if remaining <= 0:
                 reason = backend.refusal_reason(request)
@@ -408,6 +408,11 @@ class BaseLock:
         checkpoint = validate_json(data, "checkpoint")
         self.backend.limits.check_checkpoint(checkpoint)
         return checkpoint
+
+    def _refused_because(self) -> str:
+        if self.holder_limit is None:
+            return "is held in a conflicting mode"
+        return "has every slot taken, or promised to requests queued before this one"
 
     def _describe(self) -> str:
         node, mode = self.targets[-1]

@@ -73,12 +73,15 @@ class _TaskPerThread:
 
 
 _runner: _TaskPerThread | None = None
+_runner_made = threading.Lock()
+"""Two threads that call first at once must share one loop: with two, one owner's calls would run in two tasks."""
 
 
 def _run(call: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     global _runner
-    if _runner is None:
-        _runner = _TaskPerThread()
+    with _runner_made:
+        if _runner is None:
+            _runner = _TaskPerThread()
     return _runner.run(call)
 
 

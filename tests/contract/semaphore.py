@@ -95,6 +95,32 @@ class SemaphoreContract:
         for lock in held:
             lock.release()
 
+    def test_two_owners_each_waiting_for_a_slot_the_other_holds_are_a_deadlock_one_gives_up(self, backend):
+        events: queue.Queue = queue.Queue()
+        both_hold = threading.Barrier(2)
+
+        def owner(name: str) -> None:
+            try:
+                with self.api.semaphore(NAME, 2, timeout=WAIT, backend=backend):
+                    both_hold.wait(WAIT)
+                    try:
+                        with self.api.semaphore(NAME, 2, timeout=WAIT, backend=backend):
+                            events.put(("granted", name))
+                    except LockDeadlock as e:
+                        events.put(("deadlock", name, e.cycle is not None))
+            except Exception as e:  # noqa: BLE001 - the test reads it from the queue
+                events.put(("failed", name, repr(e)))
+
+        threads = [threading.Thread(target=owner, args=(name,), daemon=True) for name in ("a", "b")]
+        for thread in threads:
+            thread.start()
+        outcomes = sorted(events.get(timeout=WAIT) for _ in threads)
+        for thread in threads:
+            thread.join(WAIT)
+        # The victim of the cycle gives up (and its outer slot with it): the other gets the slot it waited for.
+        assert [o[0] for o in outcomes] == ["deadlock", "granted"], outcomes
+        assert outcomes[0][2] is True  # a cycle between the two owners, not a wait for itself
+
     @pytest.mark.parametrize("limit", [0, -1, 1.5, True, "3", None])
     def test_a_bad_limit_is_refused_before_anything_is_sent(self, backend, limit):
         sent = requests_sent(backend)
@@ -162,7 +188,7 @@ class SemaphoreContract:
 
     def test_timeout_zero_never_waits_and_leaves_no_marker(self, backend, peer):
         assert peer.acquire("only", scheme="semaphore", name=NAME, limit=1, timeout=0)["token"] > 0
-        with pytest.raises(LockUnavailable):
+        with pytest.raises(LockUnavailable, match=r"sem:reindex .* has every slot taken"):
             self.api.semaphore(NAME, 1, timeout=0, backend=backend).acquire()
         assert waiting_ids(backend) == []
         peer.release("only")
