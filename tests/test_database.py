@@ -793,6 +793,34 @@ def test_release_wakes_the_head_of_the_queue_only(pg_config, backend_of):
     assert second.acquire(late) is not None
 
 
+def _slot(limit: int, *, ticket: bool = False) -> LockRequest:
+    node = Node("default", Kind.SEMAPHORE, "wake")
+    return LockRequest(
+        uuid.uuid4().hex, Owner.current(), ((node, Mode.S),), 30, ticket=time.time_ns() if ticket else None,
+        holder_limit=limit,
+    )  # fmt: skip
+
+
+def test_a_semaphores_release_wakes_its_first_waiter_and_a_grant_with_slots_left_the_next(pg_config, backend_of):
+    """Semaphore waiters wait in S, which no release in S would wake: a slot freed wakes the head of the queue, and
+    a grant that leaves a slot free wakes the next waiter (two releases before the head tried again)."""
+    holders, first, second = backend_of(pg_config), backend_of(pg_config), backend_of(pg_config)
+    held = [holders.acquire(_slot(2)) for _ in range(2)]
+    early, late = _slot(2, ticket=True), _slot(2, ticket=True)
+    for backend, request in ((first, early), (second, late)):
+        assert backend.acquire(request) is None
+        backend.wait_release(request, 1, attempt=0)  # starts listening
+        assert backend.acquire(request) is None
+    assert holders.release(held[0])
+    assert listener.wait(first.connection, 30) is True
+    assert listener.wait(second.connection, 0.5) is False  # one slot: the head's
+    assert holders.release(held[1])  # a second slot, freed before the head took the first
+    grant = first.acquire(early)
+    assert grant is not None and grant.holder_limit == 2
+    assert listener.wait(second.connection, 30) is True  # woken by the head's grant: a slot is left
+    assert second.acquire(late) is not None
+
+
 def test_sqlite_waits_by_backoff(sqlite_store_config, backend_of, monkeypatch):
     """Without notifications each wait() pauses a capped exponential step with jitter, then the caller tries again."""
     from django_esdlock.backends import base
