@@ -1,7 +1,5 @@
 """Locks shared through Elasticsearch or a SQL database: tree, document, global and semaphores."""
 
-from importlib import metadata
-
 from .aio import AsyncLock, aglobal_lock, alock_documents, alock_tree, asemaphore
 from .conf import get_backend
 from .exceptions import (
@@ -21,6 +19,7 @@ from .handoff import aresume_lock, resume_lock
 from .locks import Lock, global_lock, lock_documents, lock_tree, semaphore
 from .modes import Mode
 from .tasks import locked
+from .version import VERSION
 
 __all__ = [
     "AsyncLock",
@@ -51,7 +50,4 @@ __all__ = [
     "semaphore",
 ]
 
-try:
-    __version__ = metadata.version("django-esdlock")  # pyproject.toml is the one source
-except metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
+__version__ = VERSION

@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from . import observability
 from .backends.base import BaseLockBackend
 from .core import (
     BaseLock,
@@ -88,6 +89,10 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
 
     async def acquire(self) -> AsyncLock:
         """Take the lock, waiting as ``timeout`` says; return self."""
+        with observability.acquiring(self):
+            return await self._acquire()
+
+    async def _acquire(self) -> AsyncLock:
         backend, request = self._start()
         granted: list[Grant] = []  # a grant that came back before an error: given back
 
@@ -168,6 +173,7 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
             self.check()
         self._checkpoint = checkpoint
         self._renewed(started)
+        observability.checkpointed(self)
 
     async def handoff(self, ttl: float | None = None) -> str:
         """Async :meth:`Lock.handoff <django_esdlock.Lock.handoff>`: return a ticket for ``aresume_lock``."""

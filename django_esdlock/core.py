@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from . import signals
+from . import observability, signals
 from .backends.base import BaseLockBackend, backoff_delay
 from .conf import get_backend
 from .deadlock import confirmed, find_cycle
@@ -261,6 +261,7 @@ class BaseLock:
                     next_look = time.monotonic() + deadlock_timeout
                 pause = min(pause, max(0.0, next_look - time.monotonic()))
             # A queued request polls often: everyone behind it waits for its turn.
+            observability.waiting(attempt, pause)
             yield WaitForRelease(pause, attempt)
             attempt += 1
 
@@ -271,16 +272,18 @@ class BaseLock:
         store failed to give it this time (detection is best effort: waiting
         goes on, and looks again later).
         """
+        observability.looking_for_deadlock(None)
         state = yield LookForDeadlock()
         if state is None:
             return
         cycle = find_cycle(state, request.holder_id)
         if cycle is None or cycle.victim.holder_id != request.holder_id:
             return  # no cycle, or another member gives up
+        observability.looking_for_deadlock(cycle.nodes)
         again = yield LookForDeadlock(cycle.nodes)
         if again is None or not confirmed(cycle, again):
             return
-        logger.warning("deadlock: %s gives up: %s", self._describe(), cycle.describe())
+        observability.deadlock_victim(self, self._describe(), cycle)
         raise LockDeadlock(f"{self._describe()} is the youngest request of a deadlock: {cycle.describe()}", cycle=cycle)
 
     def _hold(self, grant: Grant, started: float) -> None:
@@ -305,6 +308,7 @@ class BaseLock:
             renewer.add(self, grant.request.ttl)
             logger.debug("acquired %r", self)
             signals.send(signals.lock_acquired, sender=type(self), lock=self)
+            observability.holding(self)
         except BaseException:
             renewer.remove(self)
             registry.remove(self)
@@ -339,6 +343,7 @@ class BaseLock:
         if self._lost_reason is None and was_lost:
             self._lost_reason = "its lease ran out before a renewal"
         logger.debug("released %r", self)
+        observability.released(self, None if already_signalled else self._lost_reason)
         signals.send(signals.lock_released, sender=type(self), lock=self)
         if self._lost_reason is not None:
             if not already_signalled:  # the renewer sent it when it noticed
@@ -387,6 +392,7 @@ class BaseLock:
                 renewed.request.holder_id,
                 names(ticket.held_apart),
             )
+        observability.handed_off(self)
         self._grant = None
         self._handed_off = True
         logger.debug("handed off %r for %gs", self, renewed.request.ttl)
@@ -400,7 +406,7 @@ class BaseLock:
     def _mark_lost(self, reason: str) -> None:
         if self._lost_reason is None:
             self._lost_reason = reason
-            logger.warning("lost %r: %s", self, reason)
+            observability.lost(self, reason)
             signals.send(signals.lock_lost, sender=type(self), lock=self, reason=reason)
 
     def _checkpoint_data(self, data: Mapping[str, Any]) -> dict[str, Any] | None:

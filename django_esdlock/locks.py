@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from . import observability
 from .backends.base import BaseLockBackend
 from .core import (
     BaseLock,
@@ -43,6 +44,10 @@ class Lock(BaseLock, contextlib.ContextDecorator):
 
     def acquire(self) -> Lock:
         """Take the lock, waiting as ``timeout`` says; return self."""
+        with observability.acquiring(self):
+            return self._acquire()
+
+    def _acquire(self) -> Lock:
         backend, request = self._start()
         granted: list[Grant] = []  # a grant that came back before an error: given back
 
@@ -107,6 +112,7 @@ class Lock(BaseLock, contextlib.ContextDecorator):
             self.check()
         self._checkpoint = checkpoint
         self._renewed(started)
+        observability.checkpointed(self)
 
     def handoff(self, ttl: float | None = None) -> str:
         """Give the lock to whoever claims the returned ticket with :func:`~django_esdlock.resume_lock`.

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from . import signals
+from . import observability, signals
 from .backends.base import BaseLockBackend
 from .locks import Lock
 from .modes import is_grant
@@ -180,6 +180,10 @@ class Reaper:
         self.progress = progress or (lambda stage, count: None)
 
     def run(self) -> ReapReport:
+        with observability.reaping(self.backend, self.namespace, self.dry_run) as reap:
+            return reap.done(self._one_pass())
+
+    def _one_pass(self) -> ReapReport:
         report = ReapReport(dry_run=self.dry_run)
         self._evict_expired(report)
         if self.local_pids:

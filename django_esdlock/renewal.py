@@ -16,7 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import observability
 from .backends.base import BaseLockBackend
+from .exceptions import LockStoreBusy
 
 BaseLock = Any
 """A ``core.BaseLock``: named, not imported (core imports this module)."""
@@ -156,15 +158,16 @@ class Renewer:
                 self._cond.wait(timeout=max(wake - now, 0.001))
                 return
             batches: dict[BaseLockBackend, list[BaseLock]] = {}
+            due_at = {}
             for lock in due:
-                del self._due[lock]
+                due_at[lock] = self._due.pop(lock)
                 batches.setdefault(lock.backend, []).append(lock)
             calls = []
             for backend, locks in batches.items():
                 timeout = min(lock._call_timeout() for lock in locks)
                 for lock in locks:
                     self._renewing[lock] = now + timeout
-                calls.append(functools.partial(self._renew, backend, locks, timeout))
+                calls.append(functools.partial(self._renew, backend, locks, timeout, due_at))
             failures = {lock: self._failures.pop(lock, None) for lock in ended}
         for call in calls:
             self._workers.submit(call)
@@ -172,19 +175,32 @@ class Renewer:
             reason = "no renewal succeeded within its lease" + (f" (the last failed: {failure})" if failure else "")
             guarded(lock, lock._mark_lost, reason)
 
-    def _renew(self, backend: BaseLockBackend, locks: list[BaseLock], timeout: float) -> None:
-        """Renew ``locks`` in one call of at most ``timeout`` seconds; settle each lock's outcome."""
+    def _renew(
+        self,
+        backend: BaseLockBackend,
+        locks: list[BaseLock],
+        timeout: float,
+        due_at: dict[BaseLock, float] | None = None,
+    ) -> None:
+        """Renew ``locks`` in one call of at most ``timeout`` seconds; settle each lock's outcome.
+
+        ``due_at``: when each renewal was due, to tell how late it runs.
+        """
         started = time.monotonic()
         held = [(lock, lock.grant) for lock in locks if lock.grant is not None]  # not let go meanwhile
         outcomes: list[bool | None] = [None] * len(held)
         failure = "the store was busy"
+        error: Exception | None = None
         try:
             outcomes = list(backend.renew_many([grant for _, grant in held], timeout=timeout))
             if len(outcomes) != len(held):
                 raise TypeError(f"{type(backend).__name__}.renew_many answered {len(outcomes)} of {len(held)} grants")
         except Exception as e:  # noqa: BLE001 - any failure is retried until the lease is gone
-            outcomes, failure = [None] * len(held), f"{type(e).__name__}: {e}"
+            outcomes, failure, error = [None] * len(held), f"{type(e).__name__}: {e}", e
+        failed = "error" if error is not None and not isinstance(error, LockStoreBusy) else "busy"
         for (lock, _), outcome in zip(held, outcomes, strict=True):
+            lag = None if due_at is None or lock not in due_at else started - due_at[lock]
+            observability.renewal(backend, failed if outcome is None else "ok" if outcome else "lost", lag)
             guarded(lock, self._settle, lock, outcome, started, failure)
         settled = {lock for lock, _ in held}
         for lock in locks:

@@ -70,6 +70,7 @@ def expected_keys(store: str) -> set[str]:
         f"{store}.async.wakeup.p50",
         # fenced_update against QuerySet.update: the rows of a SQL store only
         *((f"{store}.fencing.rows1", f"{store}.fencing.rows100") if store != "elasticsearch" else ()),
+        f"{store}.observability.pair",
     }
 
 
@@ -266,3 +267,24 @@ def test_semaphore_figures_hold_a_semaphore_pair_against_a_mutex_pair_and_never_
     pair = figures["sqlite.semaphore.pair.vs_mutex"]
     assert pair["goal"] == "≥ 0.9x" and pair["met"] == verdict(pair)
     assert 1 <= figures["sqlite.semaphore.contention"]["extra"]["most_at_once"] <= 3
+
+
+@pytest.mark.usefixtures("_lock_connections")
+def test_the_observability_figure_holds_pairs_with_metrics_and_spans_on_against_off():
+    out = io.StringIO()
+    call_command("lock_bench", "--backend", "sqlite", "--only", "observability", "--quick", "--json", stdout=out)
+    report = json.loads(out.getvalue())
+    assert report["errors"] == []
+    (figure,) = report["figures"]
+    assert figure["key"] == "sqlite.observability.pair" and figure["baseline_label"] == "both off"
+    assert figure["value"] > 0 and figure["baseline"] > 0 and figure["goal"] == "≥ 0.97x"
+    assert figure["met"] == verdict(figure)
+    assert figure["extra"]["metrics"] and figure["extra"]["spans_recorded"]
+
+
+@pytest.mark.usefixtures("_lock_connections")
+def test_the_dashboard_panels_are_drawn_from_a_workload(tmp_path):
+    picture = tmp_path / "dashboard.png"
+    out = io.StringIO()
+    call_command("lock_bench", "--backend", "sqlite", "--dashboard", str(picture), "--quick", stdout=out, stderr=out)
+    assert picture.read_bytes().startswith(b"\x89PNG") and f"wrote {picture}" in out.getvalue()

@@ -15,7 +15,7 @@ from django.conf import settings
 from ..conf import DEFAULT_DEADLOCK_TIMEOUT
 from ..noida import elasticsearch_url
 from ..redaction import redact, redact_data
-from . import async_tasks, fencing, scenarios
+from . import async_tasks, fencing, observed, scenarios
 from .admin import changelist
 from .common import Figure
 from .graph import graph_figures, waiting_page
@@ -44,6 +44,7 @@ STAGES = (
     "async_pairs",
     "async_wakeup",
     "fencing",
+    "observability",
 )
 """The figures' stages, in the order they run: ``graph`` once (no store), the others on each store."""
 POOL_STAGES = frozenset({"wakeup", "contention", "global", "semaphore", "writer_wait", "deadlock", "async_wakeup"})
@@ -158,6 +159,7 @@ def _stages(
         "async_pairs": lambda: async_tasks.pairs(kit, o.tasks, o.seconds, say),
         "async_wakeup": lambda: async_tasks.wakeup(kit, pool, o.wake_rounds, say),
         "fencing": lambda: fencing.figures(kit, o.seconds, say),
+        "observability": lambda: observed.figures(kit, o.seconds, say),
     }
 
 
@@ -221,3 +223,11 @@ def _describe(error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     return redact(f"{type(error).__name__}: {error}{where}")
+
+
+def dashboard(options: Options, path: str, seconds: float, say: Callable[[str], None] = lambda message: None) -> None:
+    """Fill the dashboard's panels with a workload of ``seconds`` on the first store of ``options``; draw them."""
+    from . import dashboard as panels
+
+    with _kit(options.stores[0], options) as kit:
+        panels.draw(panels.record(kit, seconds, say), path)

@@ -34,6 +34,7 @@ from django.db import Error as DjangoDatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import ConnectionDoesNotExist, ConnectionHandler, load_backend
 
+from ... import observability
 from ...exceptions import LockBackendUnavailable
 from ...forks import ForkSafeLock
 from ...limits import Limits
@@ -366,7 +367,7 @@ class DatabaseLockBackend(BaseLockBackend):
         wrapper = self.connection
         for first_try in (True, False):
             try:
-                with self._translate(action), _in_use(wrapper):
+                with observability.store_request(self, action), self._translate(action), _in_use(wrapper):
                     return self._run_once(wrapper, work, transaction, timeout)
             except LockBackendUnavailable as e:
                 if first_try and not self._schema_ready and self._is_missing_schema(e):
@@ -649,7 +650,8 @@ class DatabaseLockBackend(BaseLockBackend):
         """Drive the steps ``steps()`` makes on a session of this loop; translate failures as :meth:`_run` does."""
         for first_try in (True, False):
             try:
-                return await self._sessions().run(steps())
+                with observability.store_request(self, action):
+                    return await self._sessions().run(steps())
             except self.dialect.driver_errors() as e:
                 if first_try and not self._schema_ready and self.dialect.is_missing_schema(e):
                     logger.info("creating the lock tables in %s", self.describe())

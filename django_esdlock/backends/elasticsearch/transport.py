@@ -26,6 +26,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ... import observability
 from ...exceptions import LockBackendUnavailable, LockStoreBusy
 from ...redaction import redact
 from ...steps import Sleep, Steps
@@ -215,7 +216,7 @@ class Transport:
         for attempt in itertools.count():
             share = 0.5 if len(self.hosts) > 1 and resends == 0 else 1.0
             try:
-                with self._translate(action):
+                with observability.store_request(self, action), self._translate(action):
                     return (yield bounded(call, action, deadline, share))
             except LockStoreBusy:
                 delay = backoff_delay(attempt, cap=BUSY_BACKOFF_CAP)

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...bench.common import format_facts, format_table
-from ...bench.suite import OTHER_STORES, STAGES, STORES, Options, run
+from ...bench.suite import OTHER_STORES, STAGES, STORES, Options, dashboard, run
 from ...redaction import redact
 from ..arguments import positive
 
@@ -99,6 +99,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--json", action="store_true", help="Print the figures as JSON instead of a table.")
         parser.add_argument("--plot", metavar="PNG", help="Also draw the figures into this PNG (needs matplotlib).")
+        parser.add_argument(
+            "--dashboard",
+            metavar="PNG",
+            help="Measure nothing else: run a mixed workload (waits, timeouts, renewals, a loss) on the first store "
+            "for --seconds (default 60) with the metrics on, and draw the dashboard's panels from them into PNG "
+            "(needs prometheus-client and matplotlib).",
+        )
         parser.add_argument("--es-url", help="Elasticsearch URL (default ELASTICSEARCH_URL, else a local noida-db).")
         parser.add_argument(
             "--es-hosts",
@@ -119,6 +126,9 @@ class Command(BaseCommand):
             except ImportError as e:
                 raise CommandError("--plot needs matplotlib: pip install matplotlib") from e
         sizes = dict(QUICK) if options["quick"] else {}
+        if options["dashboard"]:
+            self._dashboard(options)
+            return
         if options["es_hosts"]:
             self._scale_out(options, sizes)
             return
@@ -162,6 +172,23 @@ class Command(BaseCommand):
             say(f"wrote {options['plot']}")
         if report.errors:
             raise CommandError(f"{len(report.errors)} figure(s) could not be measured; see above")
+
+    def _dashboard(self, options: dict[str, Any]) -> None:
+        try:
+            import matplotlib  # noqa: F401
+            import prometheus_client  # noqa: F401
+        except ImportError as e:
+            raise CommandError(f"--dashboard needs prometheus-client and matplotlib: {e}") from e
+        seconds = options["seconds"] or (5.0 if options["quick"] else 60.0)
+        stores = STORES if options["backend"] == "all" else (options["backend"],)
+        bench_options = Options(stores=stores, es_url=options["es_url"], database_url=options["database_url"])
+        dashboard(
+            bench_options,
+            options["dashboard"],
+            seconds,
+            self.stderr.write if options["verbosity"] else lambda message: None,
+        )
+        self.stdout.write(f"wrote {options['dashboard']}")
 
     def _scale_out(self, options: dict[str, Any], sizes: dict[str, Any]) -> None:
         from ...bench.cluster import scale_out

@@ -1,0 +1,302 @@
+"""The hooks the lock code calls: each records its event in the metrics, the spans and the log, as far as on."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import time
+from typing import Any
+
+from .. import signals
+from ..exceptions import LockStoreBusy
+from . import logs
+from .labels import OPERATIONS, lock_labels, loss_reason, mode_of, outcome_of, store_of
+from .state import never_raises, state
+
+# --- acquire -----------------------------------------------------------------
+
+
+_acquiring: contextvars.ContextVar[AcquireWatch | None] = contextvars.ContextVar("esdlock_acquiring", default=None)
+
+
+class AcquireWatch:
+    """One acquire call: its ``esdlock_acquire_seconds``, its ``esdlock.acquire`` span, its slow-wait line."""
+
+    __slots__ = ("_reset", "_token", "lock", "outer", "span", "started", "state")
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+        self.state = state()
+        self.span: Any = None
+        self.outer: Any = None
+
+    def __enter__(self) -> AcquireWatch:
+        self.started = time.monotonic()
+        self._reset = _acquiring.set(self)
+        if self.state.tracing is not None:
+            self._begin_span()
+        return self
+
+    @never_raises
+    def _begin_span(self) -> None:
+        lock, tracing = self.lock, self.state.tracing
+        store, namespace, kind = lock_labels(lock)
+        self.outer = tracing.current_context()
+        self.span = tracing.begin(
+            "esdlock.acquire",
+            {
+                "esdlock.store": store,
+                "esdlock.namespace": namespace,
+                "esdlock.kind": kind,
+                "esdlock.targets": logs.target_names(lock),
+                "esdlock.mode": mode_of(lock),
+                "esdlock.timeout": -1.0 if lock.timeout is None else lock.timeout,
+            },
+            self.outer,
+        )
+        self._token = tracing.make_current(self.span)
+
+    def __exit__(self, exc_type: Any, error: BaseException | None, tb: Any) -> None:
+        _acquiring.reset(self._reset)
+        self._report(time.monotonic() - self.started, error)
+
+    @never_raises
+    def _report(self, waited: float, error: BaseException | None) -> None:
+        outcome = outcome_of(error)
+        lock, current = self.lock, self.state
+        if current.metrics is not None:
+            current.metrics.acquired(lock_labels(lock), outcome, waited)
+        if error is None and current.slow_wait is not None and waited > current.slow_wait:
+            logs.slow_grant(lock, waited, current.slow_wait)
+        if self.span is not None:
+            current.tracing.restore(self._token)
+            attributes: dict[str, Any] = {"esdlock.outcome": outcome, "esdlock.waited_seconds": waited}
+            if lock.token is not None:
+                attributes["esdlock.token"] = lock.token
+            current.tracing.end(self.span, attributes, error if outcome == "error" else None)
+
+
+def acquiring(lock: Any) -> AcquireWatch:
+    """Watch one acquire call: ``with observability.acquiring(lock): ...``."""
+    return AcquireWatch(lock)
+
+
+@never_raises
+def waiting(attempt: int, seconds: float) -> None:
+    """A wait round of an acquire begins: an event of its span."""
+    tracing = state().tracing
+    if tracing is not None:
+        tracing.event(None, "esdlock.wait", {"esdlock.attempt": attempt, "esdlock.seconds": seconds})
+
+
+@never_raises
+def looking_for_deadlock(nodes: Any) -> None:
+    """A waiting acquire reads the store's waiting state: an event of its span."""
+    tracing = state().tracing
+    if tracing is not None:
+        tracing.event(None, "esdlock.deadlock_look", {"esdlock.confirming": nodes is not None})
+
+
+@never_raises
+def deadlock_victim(lock: Any, described: str, cycle: Any) -> None:
+    """``lock``'s request gives up to break ``cycle``: a count and a line (its span ends as ``deadlock``)."""
+    watch = _acquiring.get()
+    waited = None if watch is None else time.monotonic() - watch.started
+    logs.deadlock_victim(lock, described, cycle.describe(), waited)
+    current = state()
+    if current.metrics is not None:
+        store, namespace, _ = lock_labels(lock)
+        current.metrics.count(current.metrics.deadlock_victims, store, namespace)
+    if current.tracing is not None:
+        current.tracing.event(None, "esdlock.deadlock_victim", {"esdlock.cycle": cycle.describe()[:1000]})
+
+
+# --- holding -------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Hold:
+    """What the hooks keep of a held lock, from its grant to its end."""
+
+    started: float
+    labels: tuple[str, str, str]
+    span: Any
+
+
+@never_raises
+def holding(lock: Any) -> None:
+    """``lock`` was granted: count it held, start its ``esdlock.hold`` span (a sibling of its acquire's)."""
+    lock.__dict__.pop("_observed_loss", None)  # a lock object taken again may be lost again
+    current = state()
+    if current.metrics is None and current.tracing is None:
+        return
+    labels = lock_labels(lock)
+    span = None
+    if current.tracing is not None:
+        watch = _acquiring.get()
+        namespace = labels[1]
+        # What finds the hold beside its acquire (same parent); the rest is on the acquire span.
+        attributes = {
+            "esdlock.namespace": namespace,
+            "esdlock.token": lock.token if lock.token is not None else -1,
+            "esdlock.holder_id": lock.holder_id or "",
+        }
+        span = current.tracing.begin("esdlock.hold", attributes, None if watch is None else watch.outer)
+    if current.metrics is not None:
+        current.metrics.hold_began(labels[0], labels[1])
+    lock.__dict__["_observed_hold"] = Hold(time.monotonic(), labels, span)
+
+
+def _end_hold(lock: Any, outcome: str, event: str | None, attributes: dict[str, Any]) -> None:
+    """End ``lock``'s hold with ``outcome``; ``event`` on its span first (None: the outcome says it all)."""
+    hold = lock.__dict__.pop("_observed_hold", None)  # atomic: a loss and a release may race
+    if hold is None:
+        return
+    current = state()
+    if current.metrics is not None:
+        current.metrics.hold_ended(hold.labels, outcome, time.monotonic() - hold.started)
+    if hold.span is not None and current.tracing is not None:
+        if event is not None:
+            current.tracing.event(hold.span, event, attributes)
+        current.tracing.end(hold.span, {"esdlock.outcome": outcome})
+
+
+@never_raises
+def checkpointed(lock: Any) -> None:
+    """``lock`` recorded a checkpoint: an event of its hold span."""
+    hold = lock.__dict__.get("_observed_hold")
+    current = state()
+    if hold is not None and hold.span is not None and current.tracing is not None:
+        current.tracing.event(hold.span, "checkpoint", {})
+
+
+@never_raises
+def lost(lock: Any, reason: str) -> None:
+    """``lock`` was lost: one line, one count, the end of its hold; once, however many times it is told.
+
+    (The renewer may find the lease over while a release of the lock is on
+    its way to the store: both then say so.)
+    """
+    told = object()
+    if lock.__dict__.setdefault("_observed_loss", told) is not told:  # atomic: the first to tell wins
+        return
+    logs.lost(lock, reason)
+    current = state()
+    if current.metrics is not None:
+        store, namespace, _ = lock_labels(lock)
+        current.metrics.lock_lost(store, namespace, loss_reason(reason))
+    _end_hold(lock, "lost", "lost", {"esdlock.reason": reason})
+
+
+@never_raises
+def released(lock: Any, lost_reason: str | None) -> None:
+    """``lock`` was released; ``lost_reason`` if the release found it lost and nobody had said so yet."""
+    if lost_reason is not None:
+        lost(lock, lost_reason)
+    else:
+        _end_hold(lock, "released", None, {})
+
+
+@never_raises
+def handed_off(lock: Any) -> None:
+    """``lock`` was handed off: its hold here ends (the claimant's begins in its own process)."""
+    _end_hold(lock, "handed_off", "handoff", {})
+
+
+# --- the renewer and the stores -------------------------------------------------
+
+
+@never_raises
+def renewal(backend: Any, outcome: str, lag: float | None) -> None:
+    """One held lock's renewal ended with ``outcome`` (``ok``, ``busy``, ``error``, ``lost``), ``lag`` s late."""
+    metrics = state().metrics
+    if metrics is not None:
+        metrics.renewal(store_of(backend), outcome, None if lag is None else max(0.0, lag))
+
+
+class RequestWatch:
+    """One store round trip: its ``esdlock_store_request_seconds``."""
+
+    __slots__ = ("action", "backend", "metrics", "started")
+
+    def __init__(self, metrics: Any, backend: Any, action: str) -> None:
+        self.metrics = metrics
+        self.backend = backend
+        self.action = action
+
+    def __enter__(self) -> None:
+        self.started = time.monotonic()
+
+    @never_raises
+    def __exit__(self, exc_type: Any, error: BaseException | None, tb: Any) -> None:
+        outcome = "ok" if error is None else "busy" if isinstance(error, LockStoreBusy) else "error"
+        self.metrics.store_request(
+            store_of(self.backend), OPERATIONS.get(self.action, "setup"), outcome, time.monotonic() - self.started
+        )
+
+
+_NOTHING = contextlib.nullcontext()
+
+
+def store_request(backend: Any, action: str) -> contextlib.AbstractContextManager[None]:
+    """Watch one round trip to the store: ``with observability.store_request(self, "acquire"): ...``."""
+    metrics = state().metrics
+    return _NOTHING if metrics is None else RequestWatch(metrics, backend, action)
+
+
+class ReapWatch:
+    """One reaper pass: its ``esdlock.reap`` span, with what it did."""
+
+    def __init__(self, backend: Any, namespace: str | None, dry_run: bool) -> None:
+        self.tracing = state().tracing
+        self.attributes = {"esdlock.store": store_of(backend), "esdlock.dry_run": dry_run}
+        if namespace is not None:
+            self.attributes["esdlock.namespace"] = namespace
+        self.span: Any = None
+
+    def __enter__(self) -> ReapWatch:
+        if self.tracing is not None:
+            self._begin_span()
+        return self
+
+    @never_raises
+    def _begin_span(self) -> None:
+        self.span = self.tracing.begin("esdlock.reap", self.attributes)
+        self._token = self.tracing.make_current(self.span)
+
+    def done(self, report: Any) -> Any:
+        """Record what the pass did (a ``ReapReport``); return it."""
+        if self.span is not None and self.span.is_recording():
+            counts = report.as_dict()["counts"]
+            self.span.set_attributes({f"esdlock.{name}": count for name, count in counts.items()})
+        return report
+
+    @never_raises
+    def __exit__(self, exc_type: Any, error: BaseException | None, tb: Any) -> None:
+        if self.span is not None:
+            self.tracing.restore(self._token)
+            self.tracing.end(self.span, {}, error)
+
+
+def reaping(backend: Any, namespace: str | None, dry_run: bool) -> ReapWatch:
+    """Watch one reaper pass: ``with observability.reaping(...) as reap: return reap.done(report)``."""
+    return ReapWatch(backend, namespace, dry_run)
+
+
+@never_raises
+def _reaped(sender: Any, holder: Any, **kwargs: Any) -> None:
+    metrics = state().metrics
+    if metrics is not None:
+        metrics.count(metrics.reaped, holder.node.namespace)
+
+
+@never_raises
+def _recovered(sender: Any, holder: Any, **kwargs: Any) -> None:
+    metrics = state().metrics
+    if metrics is not None:
+        metrics.count(metrics.recovered, holder.node.namespace)
+
+
+signals.lock_reaped.connect(_reaped, weak=False, dispatch_uid="django_esdlock.observability")
+signals.lock_recovered.connect(_recovered, weak=False, dispatch_uid="django_esdlock.observability")
