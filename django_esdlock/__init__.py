@@ -1,6 +1,6 @@
-"""Locks shared through Elasticsearch or a SQL database: tree, document and global."""
+"""Locks shared through Elasticsearch or a SQL database: tree, document, global and semaphores."""
 
-from .aio import AsyncLock, aglobal_lock, alock_documents, alock_tree
+from .aio import AsyncLock, aglobal_lock, alock_documents, alock_tree, asemaphore
 from .conf import get_backend
 from .exceptions import (
     InvalidLockArgument,
@@ -16,7 +16,7 @@ from .exceptions import (
     StaleFence,
 )
 from .handoff import aresume_lock, resume_lock
-from .locks import Lock, global_lock, lock_documents, lock_tree
+from .locks import Lock, global_lock, lock_documents, lock_tree, semaphore
 from .modes import Mode
 from .tasks import locked
 from .version import VERSION
@@ -40,12 +40,14 @@ __all__ = [
     "alock_documents",
     "alock_tree",
     "aresume_lock",
+    "asemaphore",
     "get_backend",
     "global_lock",
     "lock_documents",
     "lock_tree",
     "locked",
     "resume_lock",
+    "semaphore",
 ]
 
 __version__ = VERSION

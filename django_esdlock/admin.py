@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -114,6 +116,27 @@ def _row(record: HolderRecord) -> dict[str, Any]:
         "recovery": (record.recovery or {}).get("state", ""),
         "tree_path": record.node.key if record.node.kind is Kind.TREE else None,
     }
+
+
+def _count_semaphores(rows: list[dict[str, Any]], backend: Any) -> None:
+    """Give each semaphore's rows its holders listed / limit, and how many wait for it (where the store says)."""
+    held: collections.Counter[Node] = collections.Counter(
+        row["record"].node for row in rows if row["record"].node.kind is Kind.SEMAPHORE
+    )
+    if not held:
+        return
+    waiting: collections.Counter[Node] | None = None
+    if backend.features.can_list_waiting:
+        with contextlib.suppress(LockError):
+            waiting = collections.Counter(w.node for w in backend.wait_state(sorted(held)).waiters)
+    for row in rows:
+        node = row["record"].node
+        if node in held:
+            row["semaphore"] = {
+                "held": held[node],
+                "limit": row["record"].holder_limit,
+                "waiting": None if waiting is None else waiting[node],
+            }
 
 
 def _waiting_rows(graph: WaitGraph, limit: int) -> list[dict[str, Any]]:
@@ -250,6 +273,7 @@ class HeldLockAdmin(admin.ModelAdmin):
                 error = _unreadable(e)
             else:
                 rows = [_row(r) for r in page.holders]
+                _count_semaphores(rows, get_backend())
                 if page.next_cursor:
                     next_url = "?" + filters.query(cursor=page.next_cursor)
         context = self._context(

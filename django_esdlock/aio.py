@@ -24,7 +24,16 @@ from typing import Any, TypeVar
 
 from . import observability
 from .backends.base import BaseLockBackend
-from .core import BaseLock, aread_wait_state, document_targets, global_targets, tree_targets, validate_ttl
+from .core import (
+    BaseLock,
+    aread_wait_state,
+    document_targets,
+    global_targets,
+    semaphore_targets,
+    tree_targets,
+    validate_limit,
+    validate_ttl,
+)
 from .records import Grant, LockRequest
 from .renewal import renewer
 from .steps import TRY, LookForDeadlock, adrive
@@ -74,6 +83,7 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
             ttl=self.ttl,
             intent=self.intent,
             reentrant=self.reentrant,
+            holder_limit=self.holder_limit,
             backend=self._backend,
         )
 
@@ -235,4 +245,21 @@ def alock_documents(
     """Async :func:`~django_esdlock.lock_documents`: ids this task holds already are kept."""
     return AsyncLock(
         document_targets(ids, namespace=namespace), timeout=timeout, ttl=ttl, reentrant=True, backend=backend
+    )
+
+
+def asemaphore(
+    name: str,
+    limit: int,
+    *,
+    namespace: str = "default",
+    timeout: float | None = None,
+    ttl: float | None = None,
+    intent: Mapping[str, Any] | None = None,
+    backend: BaseLockBackend | None = None,
+) -> AsyncLock:
+    """Async :func:`~django_esdlock.semaphore`: one of ``limit`` slots of ``name``, served in order."""
+    targets = semaphore_targets(name, namespace=namespace)
+    return AsyncLock(
+        targets, timeout=timeout, ttl=ttl, intent=intent, holder_limit=validate_limit(limit), backend=backend
     )

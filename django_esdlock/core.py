@@ -88,9 +88,12 @@ class BaseLock:
         ttl: float | None = None,
         intent: Mapping[str, Any] | None = None,
         reentrant: bool = False,
+        holder_limit: int | None = None,
         backend: BaseLockBackend | None = None,
     ) -> None:
         self.targets = targets
+        self.holder_limit = holder_limit
+        """A semaphore's limit as asked (see :attr:`limit` for the one that stands); None for a lock."""
         self.timeout = validate_timeout(timeout)
         self.ttl = validate_ttl(ttl)
         self.intent = validate_json(intent, "intent")
@@ -153,6 +156,13 @@ class BaseLock:
         return self._grant is not None and (self._inherited or time.monotonic() > self._valid_until)
 
     @property
+    def limit(self) -> int | None:
+        """A semaphore's limit: the one that stood when it was granted, else the one asked; None for a lock."""
+        if self._grant is not None and self._grant.holder_limit is not None:
+            return self._grant.holder_limit
+        return self.holder_limit
+
+    @property
     def last_checkpoint(self) -> dict[str, Any] | None:
         """The checkpoint this lock recorded last (a resumed lock: the one its ticket carried)."""
         return self._checkpoint
@@ -199,6 +209,7 @@ class BaseLock:
             # its wait is bounded by the holds already there when it came.
             ticket=None if self.timeout == 0 else time.time_ns(),
             holds_others=bool(registry.of_current_holder()),
+            holder_limit=self.holder_limit,
         )
         return backend, request
 
@@ -233,7 +244,7 @@ class BaseLock:
                 return grant, started
             remaining = math.inf if deadline is None else deadline - time.monotonic()
             if self.timeout == 0:
-                reason = backend.refusal_reason(request) or "is held in a conflicting mode"
+                reason = backend.refusal_reason(request) or self._refused_because()
                 raise LockUnavailable(f"{self._describe()} {reason}")
             if remaining <= 0:
                 reason = backend.refusal_reason(request)
@@ -286,6 +297,13 @@ class BaseLock:
         self._lost_reason = None
         self.__dict__.pop("_lost_signalled", None)
         self._valid_until = started + self.backend.held_for(grant.request.ttl)
+        if grant.holder_limit not in (None, self.holder_limit):
+            logger.warning(
+                "%s: asked with limit %s, granted under limit %s: its holders' limit stands while any holds",
+                self._describe(),
+                self.holder_limit,
+                grant.holder_limit,
+            )
         try:
             registry.add(self)
             renewer.add(self, grant.request.ttl)
@@ -404,6 +422,11 @@ class BaseLock:
         self.backend.limits.check_checkpoint(checkpoint)
         return checkpoint
 
+    def _refused_because(self) -> str:
+        if self.holder_limit is None:
+            return "is held in a conflicting mode"
+        return "has every slot taken, or promised to requests queued before this one"
+
     def _describe(self) -> str:
         node, mode = self.targets[-1]
         more = f" (+{len(self.targets) - 1} more)" if len(self.targets) > 1 else ""
@@ -465,8 +488,17 @@ registry = HeldRegistry()
 def check_self_deadlock(lock: BaseLock) -> None:
     """Raise LockDeadlock if this thread (or task) holds one of ``lock``'s nodes in a conflicting mode."""
     wanted = dict(lock.targets)
+    held_slots = 0
     for held in registry.of_current_holder():
         if held.lost:
+            continue
+        if lock.holder_limit is not None and held.targets == lock.targets:
+            held_slots += 1
+            if held_slots >= (held.limit or lock.holder_limit):
+                raise LockDeadlock(
+                    f"this {'task' if current_task() else 'thread'} holds {held_slots} of the {held.limit} "
+                    f"slots of {lock.targets[0][0]}: waiting for another would wait for itself"
+                )
             continue
         for node, held_mode in held.targets:
             mode = wanted.get(node)
@@ -514,6 +546,18 @@ def tree_targets(path: str, *, shared: bool, namespace: str, intent: Mapping[str
 def global_targets(name: str) -> Targets:
     """Return what ``global_lock`` takes: X on one named lock."""
     return ((Node("default", Kind.GLOBAL, normalize_key(name, "lock name")), Mode.X),)
+
+
+def validate_limit(limit: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidLockArgument(f"a semaphore's limit must be an int of at least 1, not {limit!r}")
+    return limit
+
+
+def semaphore_targets(name: str, *, namespace: str) -> Targets:
+    """Return what ``semaphore`` takes: S on one named node, which counts its holders against a limit."""
+    namespace = normalize_namespace(namespace)
+    return ((Node(namespace, Kind.SEMAPHORE, normalize_key(name, "semaphore name")), Mode.S),)
 
 
 def document_targets(ids: Iterable[str], *, namespace: str) -> Targets:

@@ -18,6 +18,13 @@ cycle was there in both reads (holder ids are never reused, a granted
 request never waits again), so at the start of the second read the whole
 cycle stood at once, and a deadlock does not undo itself.
 
+A semaphore (a node of kind ``sem``) is held by all its holders: a request
+refused there waits for each of them, and for every request queued before
+it there, whatever the modes. Any one of them leaving lets it in, though,
+so it is deadlocked only if each of them is in its deadlock: a waiter with
+a holder outside (one that may leave) is not, and the graph is read again
+without it (see ``WaitForGraph``).
+
 Reading the graph costs near-linear time in the markers and holders read
 (see ``WaitForGraph``): a crowd of thousands queued on one lock is the moment
 someone opens the waiting page, and the moment it must still answer.
@@ -36,7 +43,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .modes import Mode, compatible
-from .records import HolderRecord, Node, WaiterRecord, WaitState
+from .records import HolderRecord, Kind, Node, WaiterRecord, WaitState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +168,39 @@ _CONFLICTS: dict[Mode, tuple[Mode, ...]] = {
 """For each mode asked, the modes that refuse it, in a fixed order."""
 
 
+def _conflicts_at(node: Node, asked: Mode) -> tuple[Mode, ...]:
+    """The held (or queued) modes that refuse ``asked`` on ``node``: every mode on a semaphore."""
+    return tuple(Mode) if node.kind is Kind.SEMAPHORE else _CONFLICTS[asked]
+
+
+def _blocks(node: Node, held: Mode, asked: Mode) -> bool:
+    """Whether a holder (or an earlier marker) in ``held`` on ``node`` refuses ``asked`` there."""
+    return node.kind is Kind.SEMAPHORE or not compatible(held, asked)
+
+
+def _semaphore_waits_that_stand(state: WaitState) -> WaitState:
+    """``state`` without the requests waiting on a semaphore one of whose holders is outside their deadlock.
+
+    Such a holder may leave and let the request in: it is not deadlocked
+    there (its markers on a semaphore are its only ones: a semaphore's
+    request has one node). Read again until none is left out.
+    """
+    while any(marker.node.kind is Kind.SEMAPHORE for marker in state.waiters):
+        graph = WaitForGraph(state, settled=True)
+        deadlocked = graph._deadlocked
+        free = set()
+        for marker in state.waiters:
+            if marker.node.kind is not Kind.SEMAPHORE:
+                continue
+            owners = deadlocked.get(marker.owner_key, frozenset())
+            if any(h.node == marker.node and h.owner_key not in owners for h in state.holders):
+                free.add(marker.holder_id)
+        if not free:
+            break
+        state = WaitState(tuple(m for m in state.waiters if m.holder_id not in free), state.holders)
+    return state
+
+
 class WaitForGraph:
     """The wait-for graph of one read of the store, indexed once: its edges, deadlocked owners and cycles.
 
@@ -192,8 +232,10 @@ class WaitForGraph:
       without listing a request's edges, in O(log n) (see ``_Component``).
     """
 
-    def __init__(self, state: WaitState) -> None:
+    def __init__(self, state: WaitState, *, settled: bool = False) -> None:
+        """Index ``state``; ``settled``: it has no semaphore waiter to leave out of deadlocks (see above)."""
         self.state = state
+        self._settled = settled
         self.requests: dict[str, WaitingRequest] = waiting_requests(state)
         # Each record's owner key, worked out once (by the record's identity: records hold dicts, no hash).
         self._key: dict[int, str] = {id(r): r.owner_key for records in (state.holders, state.waiters) for r in records}
@@ -226,14 +268,14 @@ class WaitForGraph:
         edges = []
         for marker in self.state.waiters:
             me = key[id(marker)]
-            for mode in _CONFLICTS[marker.mode]:
+            for mode in _conflicts_at(marker.node, marker.mode):
                 for holder in self._held_in.get((marker.node, mode), ()):
                     blocker = key[id(holder)]
                     if blocker != me:
                         edges.append(_holder_edge(marker, me, holder, blocker))
             if (marker.node, me) in self._inside:
                 continue
-            for mode in _CONFLICTS[marker.mode]:
+            for mode in _conflicts_at(marker.node, marker.mode):
                 earlier = self._nearest_earlier(marker, me, mode)
                 if earlier is not None:
                     edges.append(_queued_edge(marker, me, earlier, key[id(earlier)]))
@@ -290,7 +332,7 @@ class WaitForGraph:
             mine = key_of[id(marker)]
             me = owner(mine)
             queued = (marker.node, mine) not in self._inside
-            for mode in _CONFLICTS[marker.mode]:
+            for mode in _conflicts_at(marker.node, marker.mode):
                 key = (marker.node, mode)
                 if key in all_held:
                     tails.append(me)
@@ -311,13 +353,23 @@ class WaitForGraph:
                 deadlocked.update(dict.fromkeys(together, together))
         return deadlocked
 
+    @functools.cached_property
+    def _judge(self) -> WaitForGraph:
+        """The graph deadlocks are judged on: this one, less the semaphore waits that may end (see above)."""
+        if self._settled:
+            return self
+        settled = _semaphore_waits_that_stand(self.state)
+        return self if settled is self.state else WaitForGraph(settled, settled=True)
+
     @property
     def deadlocks(self) -> list[frozenset[str]]:
         """The owner keys of each deadlock: a strongly connected component of two or more owners."""
-        return sorted(set(self._deadlocked.values()), key=min)
+        return sorted(set(self._judge._deadlocked.values()), key=min)
 
     def find_cycle(self, holder_id: str) -> Cycle | None:
         """Return a cycle through request ``holder_id``, or None: see :func:`find_cycle`."""
+        if self._judge is not self:
+            return self._judge.find_cycle(holder_id)
         start = self.requests.get(holder_id)
         if start is None:
             return None
@@ -356,6 +408,8 @@ class WaitForGraph:
 
     def cycles(self) -> list[Cycle]:
         """Return one cycle per deadlock (component): see :func:`cycles`."""
+        if self._judge is not self:
+            return self._judge.cycles()
         found = []
         for owners in self.deadlocks:
             requests = sorted((r for o in owners for r in self._of_owner.get(o, ())), key=lambda r: r.holder_id)
@@ -386,7 +440,7 @@ class WaitForGraph:
             if me != edge.waiter_owner or edge.blocker_owner == me:
                 continue
             for holder in holders_at.get((edge.blocker, edge.node), ()):
-                if holder.owner_key == edge.blocker_owner and not compatible(holder.mode, marker.mode):
+                if holder.owner_key == edge.blocker_owner and _blocks(marker.node, holder.mode, marker.mode):
                     return True
             if (marker.node, me) in self._inside:
                 continue
@@ -394,7 +448,7 @@ class WaitForGraph:
                 if (
                     earlier.owner_key == edge.blocker_owner
                     and earlier.ticket < marker.ticket
-                    and not compatible(earlier.mode, marker.mode)
+                    and _blocks(marker.node, earlier.mode, marker.mode)
                 ):
                     return True
         return False
@@ -557,7 +611,7 @@ class _Component:
         sources: list[tuple[tuple[Node, Mode], int | None]] = []
         for marker in request.markers:
             queued = (marker.node, self.key[id(marker)]) not in self.graph._inside
-            for mode in _CONFLICTS[marker.mode]:
+            for mode in _conflicts_at(marker.node, marker.mode):
                 key = (marker.node, mode)
                 if key in self.held:
                     sources.append((key, None))
@@ -586,13 +640,13 @@ class _Component:
             edges = [
                 _holder_edge(marker, me, h, owner)
                 for h in self.holders_of.get(owner, ())
-                if h.node == node and not compatible(h.mode, marker.mode)
+                if h.node == node and _blocks(node, h.mode, marker.mode)
             ]
             if (node, me) not in self.graph._inside:
                 edges += [
                     _queued_edge(marker, me, m, owner)
                     for m in self._markers_of(owner)
-                    if m.node == node and m.ticket < marker.ticket and not compatible(m.mode, marker.mode)
+                    if m.node == node and m.ticket < marker.ticket and _blocks(node, m.mode, marker.mode)
                 ]
             for edge in edges:
                 if first is None or (edge.node, edge.blocker) < (first.node, first.blocker):

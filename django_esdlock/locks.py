@@ -17,7 +17,9 @@ from .core import (
     global_targets,
     read_wait_state,
     registry,
+    semaphore_targets,
     tree_targets,
+    validate_limit,
 )
 from .records import Grant
 from .renewal import renewer
@@ -36,6 +38,7 @@ class Lock(BaseLock, contextlib.ContextDecorator):
             ttl=self.ttl,
             intent=self.intent,
             reentrant=self.reentrant,
+            holder_limit=self.holder_limit,
             backend=self._backend,
         )
 
@@ -234,3 +237,37 @@ def lock_documents(
     """
     targets = document_targets(ids, namespace=namespace)
     return Lock(targets, timeout=timeout, ttl=ttl, reentrant=True, backend=backend)
+
+
+def semaphore(
+    name: str,
+    limit: int,
+    *,
+    namespace: str = "default",
+    timeout: float | None = None,
+    ttl: float | None = None,
+    intent: Mapping[str, Any] | None = None,
+    backend: BaseLockBackend | None = None,
+) -> Lock:
+    """Take one of ``limit`` slots of the semaphore ``name``: at most ``limit`` holders at once, served in order.
+
+    Each holder has its own lease, fencing token, intent and checkpoints, as
+    a lock's. Waiters are granted in the order they came (a request that
+    waits is never passed by a later one). The limit the holders were
+    granted under stands while any of them holds: a request that asks
+    another is judged against it, and logs a warning naming both
+    (:attr:`Lock.limit` is the one that stood).
+
+    :param name: The semaphore's name within its namespace.
+    :param limit: How many may hold it at once, an int of at least 1
+        (:exc:`~django_esdlock.InvalidLockArgument` otherwise, nothing sent).
+    :param namespace: The lock space; the same name in two namespaces is two semaphores.
+    :param timeout: Seconds to wait for a slot: ``None`` waits as long as it takes, ``0`` never waits
+        (:exc:`~django_esdlock.LockUnavailable` at once); past it, :exc:`~django_esdlock.LockTimeout`.
+    :param ttl: Seconds of the lease (renewed in the background while held); default ``LOCK_BACKEND["TTL"]``.
+    :param intent: What the holder is about to do (a JSON-able dict with an ``op``): if it dies,
+        ``reap_locks`` hands it to the recovery handler registered for it.
+    :param backend: A backend of its own (tests, a second store); default :func:`~django_esdlock.get_backend`.
+    """
+    targets = semaphore_targets(name, namespace=namespace)
+    return Lock(targets, timeout=timeout, ttl=ttl, intent=intent, holder_limit=validate_limit(limit), backend=backend)

@@ -31,6 +31,9 @@ class LockNode(models.Model):
     entries = models.JSONField(
         null=True, blank=True, help_text="PostgreSQL: holder id → mode of the grants on this node"
     )
+    holder_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="A semaphore's: the limit its holders were granted under"
+    )
 
     class Meta:
         db_table = "esdlock_node"

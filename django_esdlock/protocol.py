@@ -23,7 +23,14 @@ The rules, for one request (all or nothing) and each node it asks for:
    without a ticket, or with a larger ticket. It does not block where the
    requester's owner holds a live entry (it is inside already; making it
    wait there could only deadlock it with itself).
-5. **All or nothing.** If any node is blocked, the request writes nothing and
+5. **Semaphores.** A request with a ``holder_limit`` (its one node is a
+   semaphore's) is refused where the counting holders and the live markers
+   queued before it (any mode; none where the requester's owner holds the
+   node) number the standing limit or more. The standing limit is the one
+   recorded on the node while anyone counts there, else the request's; a
+   grant records it again. So at most that many hold at once, and a waiter
+   keeps its place: a newcomer takes only a slot no earlier waiter needs.
+6. **All or nothing.** If any node is blocked, the request writes nothing and
    is refused; a request with a ticket leaves its markers on the blocked
    nodes (the SQL stores on each of them; Elasticsearch, which sends fresh and
    known nodes in turn and stops at the first refusal, on those it met, at
@@ -33,7 +40,7 @@ The rules, for one request (all or nothing) and each node it asks for:
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from . import modes
@@ -42,19 +49,28 @@ from .records import LockRequest, Node
 
 
 class Decision(NamedTuple):
-    """What an attempt does: write ``writes`` (a grant), or nothing, leaving markers on ``refused``."""
+    """What an attempt does: write ``writes`` (a grant), or nothing, leaving markers on ``refused``.
+
+    ``holder_limit``: of a semaphore's request, the limit that stands on its node (rule 5).
+    """
 
     writes: list[tuple[Node, Mode]]
     refused: list[tuple[Node, Mode]]
+    holder_limit: int | None = None
 
 
-def decide(request: LockRequest, holders: Sequence[Sequence[Any]], waiters: Sequence[Sequence[Any]] = ()) -> Decision:
+def decide(
+    request: LockRequest,
+    holders: Sequence[Sequence[Any]],
+    waiters: Sequence[Sequence[Any]] = (),
+    recorded_limits: Mapping[str, int | None] | None = None,
+) -> Decision:
     """Judge ``request`` against the holders and live waiting markers of its nodes, by the rules above.
 
     ``holders`` are rows ``(node_id, holder_id, mode, owner_key, held_on,
     live)``, where ``held_on`` says an ended lease still counts (an intent, or
     the lock delay); ``waiters`` rows ``(node_id, holder_id, mode, ticket)``
-    of live markers.
+    of live markers; ``recorded_limits`` the semaphore limit recorded on each node id.
     """
     by_node: dict[str, list[Sequence[Any]]] = collections.defaultdict(list)
     for row in holders:
@@ -63,11 +79,14 @@ def decide(request: LockRequest, holders: Sequence[Sequence[Any]], waiters: Sequ
     for row in waiters:
         markers[row[0]].append(row)
     writes, refused = [], []
+    standing = None
     for node, mode in dict(request.targets).items():
         reentered = blocked = inside = False
+        counting = 0
         for _node_id, holder_id, held_mode, owner_key, held_on, live in by_node[node.id]:
             if holder_id == request.holder_id or not (live or held_on):
                 continue
+            counting += 1
             inside = inside or (live and owner_key == request.owner.key)
             if request.may_reenter(node) and live and owner_key == request.owner.key and held_mode == mode.value:
                 reentered = True
@@ -80,7 +99,18 @@ def decide(request: LockRequest, holders: Sequence[Sequence[Any]], waiters: Sequ
                 and (request.ticket is None or ticket < request.ticket)
                 for _node_id, holder_id, marker_mode, ticket in markers[node.id]
             )
+        if request.holder_limit is not None:
+            recorded = (recorded_limits or {}).get(node.id)
+            standing = recorded if counting and recorded else request.holder_limit
+            ahead = 0 if inside else sum(1 for row in markers[node.id] if _queued_before(request, row))
+            blocked = blocked or counting + ahead >= standing
         if reentered:
             continue
         (refused if blocked else writes).append((node, mode))
-    return Decision([] if refused else writes, refused)
+    return Decision([] if refused else writes, refused, standing)
+
+
+def _queued_before(request: LockRequest, marker: Sequence[Any]) -> bool:
+    """Whether waiting marker row ``marker`` is of another request queued before ``request``."""
+    _node_id, holder_id, _mode, ticket = marker
+    return holder_id != request.holder_id and (request.ticket is None or ticket < request.ticket)

@@ -27,6 +27,8 @@ class Kind(enum.StrEnum):
     TREE = "tree"
     DOCUMENT = "doc"
     GLOBAL = "global"
+    SEMAPHORE = "sem"
+    """A counting lock: at most its limit of holders at once (the stores' ``kind`` columns keep 8 characters)."""
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -200,6 +202,9 @@ class LockRequest:
     holds_others: bool = False
     """The owner held other locks when it asked. Only then can a deadlock run through its markers, which
     must name it; an owner that holds nothing waits for this request alone, and the request stands for it."""
+    holder_limit: int | None = None
+    """A semaphore's limit: its one node takes a holder only while fewer than this many hold it or queue before
+    it. The limit its holders were granted under stands while any holds (``Grant.holder_limit``). None: a lock."""
 
     @property
     def ttl_ms(self) -> int:
@@ -217,6 +222,9 @@ class Grant:
     request: LockRequest
     token: int
     taken: tuple[Node, ...]
+    holder_limit: int | None = None
+    """Of a semaphore's grant, the limit that stands on its node: the request's, unless holders granted under
+    another one held it already (then theirs)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +242,8 @@ class HolderRecord:
     checkpoint: Mapping[str, Any] | None = None
     recovery: Mapping[str, Any] | None = None
     """Set once a reaper took the holder over: state, attempts, last error."""
+    holder_limit: int | None = None
+    """Of a semaphore's holder: the limit that stands on its node (see ``LockRequest.holder_limit``)."""
 
     @property
     def owner_key(self) -> str:
@@ -258,6 +268,7 @@ class HolderRecord:
             "intent": self.intent,
             "checkpoint": self.checkpoint,
             "recovery": self.recovery,
+            **({} if self.holder_limit is None else {"holder_limit": self.holder_limit}),
         }
 
 

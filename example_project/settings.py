@@ -87,6 +87,8 @@ FS_LOCK_WAIT = env.float("FS_LOCK_WAIT", default=5.0)  # seconds a rename from t
 TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 FS_TASK_PAUSE = env.float("FS_TASK_PAUSE", default=0.0)
 FS_TASK_BATCH_SIZE = env.int("FS_TASK_BATCH_SIZE", default=500)
+# At most this many rename tasks move documents at once, across every worker (a semaphore; fs/tasks.py).
+FS_MAX_RENAMES = env.int("FS_MAX_RENAMES", default=2)
 
 LOGGING = {
     "version": 1,

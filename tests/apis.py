@@ -27,6 +27,7 @@ class SyncApi:
     lock_tree = staticmethod(locks.lock_tree)
     global_lock = staticmethod(locks.global_lock)
     lock_documents = staticmethod(locks.lock_documents)
+    semaphore = staticmethod(locks.semaphore)
 
 
 class _TaskPerThread:
@@ -72,12 +73,15 @@ class _TaskPerThread:
 
 
 _runner: _TaskPerThread | None = None
+_runner_made = threading.Lock()
+"""Two threads that call first at once must share one loop: with two, one owner's calls would run in two tasks."""
 
 
 def _run(call: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     global _runner
-    if _runner is None:
-        _runner = _TaskPerThread()
+    with _runner_made:
+        if _runner is None:
+            _runner = _TaskPerThread()
     return _runner.run(call)
 
 
@@ -119,3 +123,4 @@ class AsyncApi:
     lock_tree = staticmethod(_blocking(aio.alock_tree))
     global_lock = staticmethod(_blocking(aio.aglobal_lock))
     lock_documents = staticmethod(_blocking(aio.alock_documents))
+    semaphore = staticmethod(_blocking(aio.asemaphore))

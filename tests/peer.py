@@ -19,12 +19,12 @@ def setup_django() -> None:
 
 
 def build_lock(config: dict, spec: dict, backend=None):
-    """Build a Lock from a plain spec: ``{"scheme": "tree"|"documents"|"global"|"raw", ...}``.
+    """Build a Lock from a plain spec: ``{"scheme": "tree"|"documents"|"global"|"semaphore"|"raw", ...}``.
 
     ``backend`` defaults to a new one on ``config``.
     """
     from django_esdlock.conf import load_backend
-    from django_esdlock.locks import Lock, global_lock, lock_documents, lock_tree
+    from django_esdlock.locks import Lock, global_lock, lock_documents, lock_tree, semaphore
     from django_esdlock.modes import Mode
     from django_esdlock.records import Kind, Node
 
@@ -45,6 +45,10 @@ def build_lock(config: dict, spec: dict, backend=None):
         return lock_documents(spec["ids"], namespace=spec.get("namespace", "default"), backend=backend, **kwargs)
     if scheme == "global":
         return global_lock(spec.get("name", "global"), backend=backend, **kwargs)
+    if scheme == "semaphore":
+        namespace = spec.get("namespace", "default")
+        intent = spec.get("intent")
+        return semaphore(spec["name"], spec["limit"], namespace=namespace, intent=intent, backend=backend, **kwargs)
     if scheme == "raw":  # one node in one mode, to test single cells of the matrix
         node = Node(spec.get("namespace", "default"), Kind.TREE, spec["path"])
         return Lock(((node, Mode(spec["mode"])),), backend=backend, **kwargs)

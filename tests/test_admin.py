@@ -14,6 +14,7 @@ from django_esdlock import LockError, LockLost, lock_tree
 from django_esdlock.conf import load_backend
 from django_esdlock.deadlock import cycles
 from django_esdlock.modes import Mode
+from django_esdlock.records import Kind, LockRequest, Node
 from django_esdlock.signals import lock_force_released
 
 from . import admin_support
@@ -21,7 +22,7 @@ from .admin_support import staff_user
 from .contract import all_holders, raw_grant
 from .expiry import expire
 from .locked_tasks import IMMEDIATE_BACKEND
-from .waiting_state import hold, wait
+from .waiting_state import hold, owner, wait
 
 pytestmark = pytest.mark.django_db
 
@@ -67,6 +68,25 @@ def test_list_shows_the_backend_and_another_process_lock(viewer, lock_config, pe
     assert rows(response) == [("/clinton", "IX"), ("/clinton/projects", "IX"), ("/clinton/projects/README.txt", "X")]
     assert b"/clinton/projects/README.txt" in response.content
     assert b"Force release" not in response.content  # no delete permission, no action
+
+
+def test_list_shows_a_semaphores_holders_of_its_limit_and_its_waiters(viewer, lock_config, backend):
+    backend.marker_ttl = 30  # the marker outlives the test; no request tries again to renew it
+    node = Node("jobs", Kind.SEMAPHORE, "reindex")
+    for name in ("first", "second"):
+        request = LockRequest(f"{name}-holds", owner(name), ((node, Mode.S),), 60, holder_limit=2)
+        assert backend.acquire(request) is not None
+    waiting = LockRequest("third-waits", owner("third"), ((node, Mode.S),), 60, ticket=time.time_ns(), holder_limit=2)
+    assert backend.acquire(waiting) is None
+    response = viewer.get(LIST)
+    assert rows(response) == [("reindex", "S"), ("reindex", "S")]
+    assert [row["semaphore"] for row in response.context["rows"]] == [{"held": 2, "limit": 2, "waiting": 1}] * 2
+    assert "semaphore: 2/2 held" in response.content.decode() and b"1 waiting" in response.content
+    page = viewer.get(WAITING)
+    assert {(e.waiter, e.blocker) for e in page.context["graph"].edges} == {
+        ("third-waits", "first-holds"),
+        ("third-waits", "second-holds"),
+    }
 
 
 def test_each_filter(viewer, lock_config, peer, backend):

@@ -54,6 +54,8 @@ def expected_keys(store: str) -> set[str]:
         f"{store}.wakeup.p99",
         f"{store}.global.pair.vs_{baselines[0]}",
         f"{store}.global.contention",
+        f"{store}.semaphore.pair.vs_mutex",
+        f"{store}.semaphore.contention",
         f"{store}.contention.pairs",
         f"{store}.contention.longest_wait",
         f"{store}.contention.own_leaves",
@@ -250,6 +252,21 @@ def test_fencing_figures_hold_fenced_update_against_a_plain_update_on_both_sql_s
         assert figure["value"] > 0 and figure["baseline"] > 0 and figure["baseline_label"] == "QuerySet.update", key
         assert figure["met"] == verdict(figure), (key, figure)
     assert figures["postgres.fencing.rows1"]["goal"] == "≥ 0.91x"
+
+
+@pytest.mark.usefixtures("_lock_connections")
+def test_semaphore_figures_hold_a_semaphore_pair_against_a_mutex_pair_and_never_see_more_than_its_limit():
+    out = io.StringIO()
+    call_command(
+        "lock_bench", "--backend", "sqlite", "--only", "semaphore", "--quick", "--workers", "4", "--json", stdout=out
+    )
+    report = json.loads(out.getvalue())
+    assert report["errors"] == []
+    figures = {f["key"]: f for f in report["figures"]}
+    assert set(figures) == {"sqlite.semaphore.pair.vs_mutex", "sqlite.semaphore.contention"}
+    pair = figures["sqlite.semaphore.pair.vs_mutex"]
+    assert pair["goal"] == "≥ 0.9x" and pair["met"] == verdict(pair)
+    assert 1 <= figures["sqlite.semaphore.contention"]["extra"]["most_at_once"] <= 3
 
 
 @pytest.mark.usefixtures("_lock_connections")

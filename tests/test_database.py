@@ -793,6 +793,34 @@ def test_release_wakes_the_head_of_the_queue_only(pg_config, backend_of):
     assert second.acquire(late) is not None
 
 
+def _slot(limit: int, *, ticket: bool = False) -> LockRequest:
+    node = Node("default", Kind.SEMAPHORE, "wake")
+    return LockRequest(
+        uuid.uuid4().hex, Owner.current(), ((node, Mode.S),), 30, ticket=time.time_ns() if ticket else None,
+        holder_limit=limit,
+    )  # fmt: skip
+
+
+def test_a_semaphores_release_wakes_its_first_waiter_and_a_grant_with_slots_left_the_next(pg_config, backend_of):
+    """Semaphore waiters wait in S, which no release in S would wake: a slot freed wakes the head of the queue, and
+    a grant that leaves a slot free wakes the next waiter (two releases before the head tried again)."""
+    holders, first, second = backend_of(pg_config), backend_of(pg_config), backend_of(pg_config)
+    held = [holders.acquire(_slot(2)) for _ in range(2)]
+    early, late = _slot(2, ticket=True), _slot(2, ticket=True)
+    for backend, request in ((first, early), (second, late)):
+        assert backend.acquire(request) is None
+        backend.wait_release(request, 1, attempt=0)  # starts listening
+        assert backend.acquire(request) is None
+    assert holders.release(held[0])
+    assert listener.wait(first.connection, 30) is True
+    assert listener.wait(second.connection, 0.5) is False  # one slot: the head's
+    assert holders.release(held[1])  # a second slot, freed before the head took the first
+    grant = first.acquire(early)
+    assert grant is not None and grant.holder_limit == 2
+    assert listener.wait(second.connection, 30) is True  # woken by the head's grant: a slot is left
+    assert second.acquire(late) is not None
+
+
 def test_sqlite_waits_by_backoff(sqlite_store_config, backend_of, monkeypatch):
     """Without notifications each wait() pauses a capped exponential step with jitter, then the caller tries again."""
     from django_esdlock.backends import base
@@ -880,8 +908,11 @@ def test_the_previous_releases_acquire_call_still_runs_after_migration_0006(pg_c
     call = next(backend.dialect.acquire_steps(request, [node], backend.marker_ttl_ms))
     statement, params = call.sql, call.params
     assert statement.count("%(reentrant)s::text[]") == 1 and params["reentrant"] == [node.id]
-    previous = statement.replace("%(reentrant)s::text[]", "%(reentrant)s::boolean")
-    previous = previous.replace(", %(lock_delay_ms)s::float8", "")  # nor the lock delay (0007)
+    previous = (
+        statement.replace("%(reentrant)s::text[]", "%(reentrant)s::boolean")
+        .replace(", %(lock_delay_ms)s::float8, %(holder_limit)s::int", "")  # v6's and v7's came after
+        .replace("taken, holder_limit FROM", "taken FROM")
+    )
     with psycopg.connect(pg_config["OPTIONS"]["url"], autocommit=True) as connection:
         token, taken = connection.execute(previous, {**params, "reentrant": True}).fetchone()
     assert token > 0 and taken == [node.id]
@@ -896,15 +927,32 @@ def test_the_previous_releases_acquire_call_still_runs_after_migration_0007(pg_c
     request = LockRequest(uuid.uuid4().hex, Owner.current(), ((node, Mode.X),), 30)
     call = next(backend.dialect.acquire_steps(request, [node], backend.marker_ttl_ms))
     assert call.sql.count(", %(lock_delay_ms)s::float8") == 1 and call.params["lock_delay_ms"] == 0
-    previous = call.sql.replace(", %(lock_delay_ms)s::float8", "")
+    previous = call.sql.replace(", %(lock_delay_ms)s::float8, %(holder_limit)s::int", "")  # nor 0008's limit
+    previous = previous.replace("taken, holder_limit FROM", "taken FROM")
     with psycopg.connect(pg_config["OPTIONS"]["url"], autocommit=True) as connection:
         token, taken = connection.execute(previous, call.params).fetchone()
     assert token > 0 and taken == [node.id]
     assert [h.holder_id for h in all_holders(backend)] == [request.holder_id]
 
 
+def test_the_previous_releases_acquire_call_still_runs_after_migration_0008(pg_config, backend_of):
+    """A rolling deploy: a process of the release before 0008 calls esdlock_acquire v6, without a holder limit."""
+    backend = backend_of(pg_config)
+    backend.setup()
+    node = Node("default", Kind.DOCUMENT, "rolling-0008")
+    request = LockRequest(uuid.uuid4().hex, Owner.current(), ((node, Mode.X),), 30)
+    call = next(backend.dialect.acquire_steps(request, [node], backend.marker_ttl_ms))
+    statement, params = call.sql, call.params
+    previous = statement.replace(", %(holder_limit)s::int", "").replace("taken, holder_limit FROM", "taken FROM")
+    assert previous != statement
+    with psycopg.connect(pg_config["OPTIONS"]["url"], autocommit=True) as connection:
+        token, taken = connection.execute(previous, params).fetchone()
+    assert token > 0 and taken == [node.id]
+    assert [h.holder_id for h in all_holders(backend)] == [request.holder_id]
+
+
 def test_the_database_runs_the_current_function_files(pg_config, backend_of):
-    """After migrate, PostgreSQL's functions are the latest .sql files (and the overloads v5 and v4), byte for byte."""
+    """After migrate, PostgreSQL's functions are the latest .sql files (and the overloads v6, v5, v4), byte for byte."""
     backend_of(pg_config).setup()
     with psycopg.connect(url_of(pg_config), autocommit=True) as connection:
         installed = dict(
@@ -917,10 +965,12 @@ def test_the_database_runs_the_current_function_files(pg_config, backend_of):
         signature: function_sql(name, version).split("$$")[1]
         for signature, (name, version) in {
             "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
-            "precision,jsonb,text[],bigint,double precision,double precision)": (
+            "precision,jsonb,text[],bigint,double precision,double precision,integer)": (
                 "esdlock_acquire",
                 CURRENT["esdlock_acquire"],
             ),
+            "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
+            "precision,jsonb,text[],bigint,double precision,double precision)": ("esdlock_acquire", 6),
             "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "
             "precision,jsonb,text[],bigint,double precision)": ("esdlock_acquire", 5),
             "esdlock_acquire(text[],text[],text[],text[],text[],integer[],text[],text[],text,jsonb,text,double "

@@ -12,7 +12,12 @@ from django.test import override_settings
 
 from django_esdlock import LockBackendUnavailable, lock_tree
 from django_esdlock.backends.elasticsearch import ElasticsearchLockBackend
-from django_esdlock.backends.elasticsearch.index import MAPPING, PROPERTIES_OF_VERSION_1, PROPERTIES_OF_VERSION_2
+from django_esdlock.backends.elasticsearch.index import (
+    MAPPING,
+    PROPERTIES_OF_VERSION_1,
+    PROPERTIES_OF_VERSION_2,
+    PROPERTIES_OF_VERSION_3,
+)
 from django_esdlock.backends.elasticsearch.protocol import HEAD_POLL_FLOOR
 from django_esdlock.conf import load_backend
 from django_esdlock.modes import Mode
@@ -44,7 +49,9 @@ def test_index_has_one_shard_and_the_strict_mapping(lock_config):
     assert backend.check() == []
 
 
-@pytest.mark.parametrize("version, properties", [(1, PROPERTIES_OF_VERSION_1), (2, PROPERTIES_OF_VERSION_2)])
+@pytest.mark.parametrize(
+    "version, properties", [(1, PROPERTIES_OF_VERSION_1), (2, PROPERTIES_OF_VERSION_2), (3, PROPERTIES_OF_VERSION_3)]
+)
 def test_an_index_of_an_earlier_mapping_is_flagged_then_gains_the_new_fields_at_first_use(
     lock_config, version, properties
 ):

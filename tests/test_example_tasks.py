@@ -87,3 +87,21 @@ def test_race_as_tasks_on_two_workers(fs):
         "0 documents lost or duplicated." in out.getvalue()
     )
     assert "/bill/…/README.asciidoc" in out.getvalue()
+
+
+def test_at_most_fs_max_renames_rename_tasks_move_at_once(fs, settings):
+    """A rename task takes a slot of the ``renames`` semaphore first: with every slot taken, it does not start."""
+    from django_esdlock import LockUnavailable
+    from example_project.fs.tasks import rename_slot
+
+    settings.FS_MAX_RENAMES = 1
+    options = {"timeout": 0, "es_url": fs.es_url, "index": fs.index.name}
+    with rename_slot() as slot, concurrent.futures.ThreadPoolExecutor(1) as another_worker:
+        assert slot.limit == 1
+        refused = another_worker.submit(rename_task.call, DIRECTORY, "/clinton/projects/es", **options)
+        with pytest.raises(LockUnavailable, match="sem:renames"):
+            refused.result(timeout=60)
+        assert fs.index.count(DIRECTORY) > 0  # nothing moved
+    done = rename_task.call(DIRECTORY, "/clinton/projects/es", **options)
+    assert done["moved"] > 1 and fs.index.count(DIRECTORY) == 0
+    assert all_holders(get_backend()) == []

@@ -128,3 +128,16 @@ def test_a_lost_intent_is_caught(broken):
     result = broken("IntentDroppingBackend", faults=("kill",), seconds=2.5, processes=4, ttl=0.5, seed=6)
     assert result.summary["faults"]["kill"] >= 2
     assert checks_of(result) == {"e"}, result.report()
+
+
+class NoLimitBackend(DatabaseLockBackend):
+    """Forgets a semaphore's limit: every request for it is granted, as to shared holders."""
+
+    def acquire(self, request):
+        return super().acquire(dataclasses.replace(request, holder_limit=None))
+
+
+def test_more_semaphore_holders_than_its_limit_are_caught(broken):
+    result = broken("NoLimitBackend", faults=(), seconds=2, processes=5, hold=0.8, semaphores=0.8, seed=7)
+    assert checks_of(result) == {"a"}, result.report()
+    assert all("of limit 2" in v.message for v in result.violations)

@@ -33,6 +33,7 @@ from django_esdlock import (
     lock_documents,
     lock_tree,
     observability,
+    semaphore,
 )
 from django_esdlock.conf import load_backend
 from django_esdlock.observability import store_of
@@ -106,11 +107,13 @@ def test_pairs_are_counted_exactly(backend, registry, namespace):
         pass
     with global_lock(f"obs-{namespace}", backend=backend):
         pass
+    with semaphore("obs", 2, namespace=namespace, backend=backend):
+        pass
 
     tree = {"store": store, "namespace": namespace, "kind": "tree"}
     assert value(registry, "esdlock_acquire_seconds_count", **tree, outcome="granted") == PAIRS
     assert value(registry, "esdlock_held_seconds_count", **tree, outcome="released") == PAIRS
-    for kind, where in (("documents", namespace), ("global", "default")):
+    for kind, where in (("documents", namespace), ("global", "default"), ("semaphore", namespace)):
         labels = {"store": store, "namespace": where, "kind": kind}
         assert value(registry, "esdlock_acquire_seconds_count", **labels, outcome="granted") == 1
         assert value(registry, "esdlock_held_seconds_count", **labels, outcome="released") == 1

@@ -1,7 +1,8 @@
 """Every store decides as the reference model does (``django_esdlock.protocol.decide``).
 
 Random requests (tree locks shared and exclusive, with and without intents;
-document locks that may reenter some of their ids) by three owners, releases
+document locks that may reenter some of their ids; slots of a semaphore,
+asked with limits that differ) by three owners, releases
 and lease ends go to a real store and to the model; after each step the grant
 and the store's holders must be the model's. The seed changes with each run
 and is printed (``ESDLOCK_MODEL_SEED`` replays one).
@@ -16,7 +17,7 @@ import uuid
 
 import pytest
 
-from django_esdlock.core import document_targets, tree_targets
+from django_esdlock.core import document_targets, semaphore_targets, tree_targets
 from django_esdlock.protocol import decide
 from django_esdlock.records import LockRequest, Owner
 
@@ -44,6 +45,8 @@ class Model:
     rows: list[list] = dataclasses.field(default_factory=list)
     markers: list[tuple[str, str, str, int]] = dataclasses.field(default_factory=list)
     """Live waiting markers ``(node_id, holder_id, mode, ticket)``: the test keeps them alive for its length."""
+    limits: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The limit each semaphore's grants recorded last (it stands while a holder counts)."""
 
     def live(self, holder_id: str) -> bool:
         return any(row[5] for row in self.rows if row[1] == holder_id)
@@ -55,6 +58,9 @@ class Model:
 def _request(rng: random.Random, owner: Owner) -> LockRequest:
     # Half may wait: their tickets in any order, as the clocks of several hosts would give them.
     ticket = TICKETS + rng.randrange(10**9) if rng.random() < 0.5 else None
+    if rng.random() < 0.2:
+        targets = semaphore_targets("s", namespace="model")
+        return LockRequest(uuid.uuid4().hex, owner, targets, 60, ticket=ticket, holder_limit=rng.choice([1, 2, 2, 3]))
     if rng.random() < 0.6:
         shared = rng.random() < 0.4
         intent = {"op": "model"} if not shared and rng.random() < 0.2 else None
@@ -95,7 +101,7 @@ def test_every_store_grants_as_the_model_does(backend, store_config):
         action = rng.random()
         if action < 0.6 or not granted:
             request = _request(rng, rng.choice(owners))
-            decision = decide(request, model.rows, model.markers)
+            decision = decide(request, model.rows, model.markers, model.limits)
             grant = backend.acquire(request)
             log.append(("acquire", request.owner.thread - base.thread, [(n.key, m.value) for n, m in request.targets],
                         sorted(n.key for n in request.reentered or ()), request.ticket and request.ticket - TICKETS,
@@ -104,6 +110,9 @@ def test_every_store_grants_as_the_model_does(backend, store_config):
             assert (grant is not None) == (not decision.refused), f"{where}: the model says {decision} on {state}"
             if grant is not None:
                 assert {node.id for node in grant.taken} == {node.id for node, _ in decision.writes}, where
+                assert grant.holder_limit == decision.holder_limit, f"{where}: the standing limit"
+                if decision.holder_limit is not None:
+                    model.limits[decision.writes[0][0].id] = decision.holder_limit
                 for node, mode in decision.writes:
                     row = [node.id, request.holder_id, mode.value, request.owner.key, request.intent is not None, True]
                     model.rows.append(row)

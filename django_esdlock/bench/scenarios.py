@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..exceptions import LockTimeout
-from ..locks import global_lock, lock_tree
+from ..locks import global_lock, lock_tree, semaphore
 from ..reaper import Reaper
 from .common import (
     Figure,
@@ -503,6 +503,70 @@ def global_locks(
             ),
         ]
     return figures
+
+
+SEMAPHORE_LIMIT = 3
+SEMAPHORE_HOLD = 0.005
+"""Seconds each contending holder keeps its slot: work that a semaphore lets run side by side."""
+
+
+def _most_at_once(holds: list[tuple[float, float]]) -> int:
+    """The most holds that overlap at one instant, from (grant, release) times on one clock."""
+    edges = sorted([(start, 1) for start, _ in holds] + [(end, -1) for _, end in holds])
+    at_once = most = 0
+    for _, step in edges:
+        at_once += step
+        most = max(most, at_once)
+    return most
+
+
+def semaphores(kit: StoreKit, pool: WorkerPool, workers: int, seconds: float, say: Say) -> list[Figure]:
+    """A semaphore's pairs/s against a mutex's (``global_lock``), one process; ``workers`` processes holding
+    a slot of a semaphore of limit 3 for 5 ms each against as many on a mutex, with the most holders seen at once.
+    """
+    say(f"{kit.name}: semaphore pairs, 1 and {workers} processes")
+
+    def semaphore_pair() -> None:
+        with semaphore("bench-pair", SEMAPHORE_LIMIT, namespace=NAMESPACE, backend=kit.backend):
+            pass
+
+    def mutex_pair() -> None:
+        with global_lock("bench-mutex-pair", backend=kit.backend):
+            pass
+
+    rates = interleaved_rates({"semaphore": semaphore_pair, "mutex": mutex_pair}, seconds)
+    slot = {"name": "bench-shared", "limit": SEMAPHORE_LIMIT, "hold": SEMAPHORE_HOLD}
+    shared = pool.run_together("contend_semaphore", kit.config, workers, seconds, **slot)
+    mutex = pool.run_together("contend_global", kit.config, workers, seconds, hold=SEMAPHORE_HOLD)
+    holds = [hold for r in shared for hold in r["holds"] if hold[1]]
+    waits = [w for r in shared for w in r["waits"]]
+    return [
+        Figure(
+            key=f"{kit.name}.semaphore.pair.vs_mutex",
+            backend=kit.name,
+            label=f"semaphore (limit {SEMAPHORE_LIMIT}) pairs/s, 1 process",
+            value=rates["semaphore"].per_second,
+            unit="/s",
+            baseline_label="global_lock pairs/s",
+            baseline=rates["mutex"].per_second,
+            goal=ratio_at_least(0.9),
+            extra={"median_pair_s": rates["semaphore"].median, "baseline_median_pair_s": rates["mutex"].median},
+        ),
+        Figure(
+            key=f"{kit.name}.semaphore.contention",
+            backend=kit.name,
+            label=f"{workers} processes on a semaphore of limit {SEMAPHORE_LIMIT}, 5 ms holds, pairs/s",
+            value=_rate(shared),
+            unit="/s",
+            baseline_label=f"{workers} processes on one global_lock, 5 ms holds",
+            baseline=_rate(mutex),
+            extra={
+                "most_at_once": _most_at_once(holds),
+                "longest_wait": max(waits, default=math.nan),
+                "p50_wait": percentile(waits, 0.5),
+            },
+        ),
+    ]
 
 
 def _skipped(kit: StoreKit, peer: PeerSpec, reason: str) -> Figure:

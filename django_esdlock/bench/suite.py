@@ -35,6 +35,7 @@ STAGES = (
     "wakeup",
     "contention",
     "global",
+    "semaphore",
     "writer_wait",
     "deadlock",
     "reap",
@@ -46,7 +47,7 @@ STAGES = (
     "observability",
 )
 """The figures' stages, in the order they run: ``graph`` once (no store), the others on each store."""
-POOL_STAGES = frozenset({"wakeup", "contention", "global", "writer_wait", "deadlock", "async_wakeup"})
+POOL_STAGES = frozenset({"wakeup", "contention", "global", "semaphore", "writer_wait", "deadlock", "async_wakeup"})
 """The stages that need worker processes."""
 
 
@@ -149,6 +150,7 @@ def _stages(
         "wakeup": lambda: scenarios.wakeup(kit, pool, o.wake_rounds, facts.get("wake_floor"), say),
         "contention": lambda: scenarios.contention(kit, pool, o.workers, o.seconds, say),
         "global": lambda: scenarios.global_locks(kit, pool, o.workers, o.seconds, peers, say),
+        "semaphore": lambda: scenarios.semaphores(kit, pool, o.workers, o.seconds, say),
         "writer_wait": lambda: scenarios.writer_wait(kit, pool, o.churners, o.seconds, say),
         "deadlock": lambda: scenarios.deadlock_latency(kit, pool, o.deadlock_rounds, o.deadlock_timeout, say),
         "reap": lambda: scenarios.reaping(kit, o.reap_count, say),

@@ -58,20 +58,25 @@ def contend(backend: Any, conn: Connection, *, paths: list[str], namespace: str,
     return {"pairs": pairs, "waits": waits, "began": began}
 
 
-def _hammer(acquire: Callable[[], Any], release: Callable[[], Any], stop_at: float) -> dict[str, Any]:
-    """Acquire (blocking) and release one lock as fast as possible until ``stop_at``; pairs and waits."""
+def _hammer(
+    acquire: Callable[[], Any], release: Callable[[], Any], stop_at: float, hold: float = 0.0
+) -> dict[str, Any]:
+    """Acquire (blocking), hold ``hold`` seconds and release one lock, as fast as possible until ``stop_at``;
+    pairs and waits."""
     began = time.monotonic()
     pairs, waits = 0, []
     while (started := time.monotonic()) < stop_at:
         acquire()
         waits.append(time.monotonic() - started)
+        if hold:
+            time.sleep(hold)
         release()
         if time.monotonic() <= stop_at:
             pairs += 1
     return {"pairs": pairs, "waits": waits, "began": began}
 
 
-def contend_global(backend: Any, conn: Connection) -> dict[str, Any]:
+def contend_global(backend: Any, conn: Connection, *, hold: float = 0.0) -> dict[str, Any]:
     """Take ``global_lock()`` and give it back, as fast as possible, from "go" till the ``stop_at`` it brings.
 
     Says "ready" once connected (one pair taken), so that every worker of a
@@ -90,7 +95,29 @@ def contend_global(backend: Any, conn: Connection) -> dict[str, Any]:
     acquire()
     release()
     conn.send("ready")
-    return _hammer(acquire, release, conn.recv())
+    return _hammer(acquire, release, conn.recv(), hold)
+
+
+def contend_semaphore(backend: Any, conn: Connection, *, name: str, limit: int, hold: float) -> dict[str, Any]:
+    """:func:`contend_global` on a slot of a semaphore of ``limit``; also each hold's (grant, release), monotonic."""
+    from ..locks import semaphore
+
+    held: list[Any] = []
+    holds: list[tuple[float, float]] = []
+
+    def acquire() -> None:
+        held.append(semaphore(name, limit, namespace="bench", backend=backend).acquire())
+        holds.append((time.monotonic(), 0.0))
+
+    def release() -> None:
+        holds[-1] = (holds[-1][0], time.monotonic())
+        held.pop().release()
+
+    acquire()
+    release()
+    holds.clear()
+    conn.send("ready")
+    return {**_hammer(acquire, release, conn.recv(), hold), "holds": holds}
 
 
 def contend_peer(backend: Any, conn: Connection, *, peer: dict[str, str]) -> dict[str, Any]:
@@ -211,6 +238,7 @@ def deadlock(backend: Any, conn: Connection, *, namespace: str, deadlock_timeout
 TASKS: dict[str, Callable[..., Any]] = {
     "contend": contend,
     "contend_global": contend_global,
+    "contend_semaphore": contend_semaphore,
     "contend_peer": contend_peer,
     "churn": churn,
     "wake": wake,

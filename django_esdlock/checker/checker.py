@@ -1,6 +1,7 @@
 """The checker: judges a lock_check history against the five claims a lock store must keep.
 
-(a) No two conflicting grants overlap: each holder's *span* runs from the
+(a) No two conflicting grants overlap, and no more holders of a semaphore
+    than its limit do: each holder's *span* runs from the
     return of its acquire to the last thing it did while ``lock.lost`` was
     still False (a write, its release call). A holder told of its loss may
     still write late; each such write must carry a smaller fencing token
@@ -35,7 +36,7 @@ from ..modes import Mode, compatible
 from .history import OUTCOMES, Operation, operations
 
 CHECKS = {
-    "a": "conflicting grants overlap",
+    "a": "conflicting grants overlap (or more than a semaphore's limit)",
     "b": "fencing tokens out of grant order",
     "c": "a request did not end in time, or ended wrongly",
     "d": "left held after the run and a reap",
@@ -191,6 +192,59 @@ def check_overlaps(ops: dict[str, Operation], faults: Faults) -> list[Violation]
             if end > start:
                 active.append((start, end, op, mode))
         violations.extend(_check_fencing(node, entries, faults))
+    return violations
+
+
+def _semaphore_spans(ops: dict[str, Operation]) -> dict[tuple[str, str, str], list[tuple[float, float, Operation]]]:
+    """The spans of each semaphore's grants, by node."""
+    per_node: dict[tuple[str, str, str], list[tuple[float, float, Operation]]] = defaultdict(list)
+    for op in ops.values():
+        if op.granted and op.invoke.get("limit"):
+            for node, _ in _grant_nodes(op):
+                per_node[node].append((op.done["t"], op.span_end, op))  # type: ignore[index]
+    return per_node
+
+
+def most_at_once(spans: list[tuple[float, float, Any]]) -> int:
+    """The most spans that overlap at one instant (one that ends as another starts does not overlap it)."""
+    edges = sorted(
+        [(start, 1) for start, end, _ in spans if end > start] + [(end, -1) for start, end, _ in spans if end > start]
+    )
+    at_once = most = 0
+    for _, step in edges:
+        at_once += step
+        most = max(most, at_once)
+    return most
+
+
+def check_semaphores(ops: dict[str, Operation], faults: Faults) -> list[Violation]:
+    """(a) on semaphores: never more spans at once than the limit the holders asked (one limit per run)."""
+    per_node = _semaphore_spans(ops)
+    violations = []
+    for node, entries in per_node.items():
+        entries.sort(key=lambda entry: entry[0])
+        active: list[tuple[float, float, Operation]] = []
+        for start, end, op in entries:
+            active = [a for a in active if a[1] > start]
+            limit = op.invoke["limit"]
+            if end > start and len(active) >= limit:
+                holders = ", ".join(f"{a.op} (token {a.token})" for _, _, a in active)
+                violations.append(
+                    Violation(
+                        "a",
+                        f"{op.op} was granted semaphore {node[0]}:{node[2]} of limit {limit} (token {op.token}) "
+                        f"while {len(active)} held it, none told its lock was lost: {holders}",
+                        _slice(
+                            *[[a.done, _span_event(a)] for _, _, a in active],
+                            op.invoke,
+                            op.done,
+                            faults.around(start, end, {op.process, *(a.process for _, _, a in active)}),
+                        ),
+                    )
+                )
+                break  # one report per semaphore: the first time it ran over
+            if end > start:
+                active.append((start, end, op))
     return violations
 
 
@@ -412,6 +466,7 @@ def check_history(events: list[dict[str, Any]], *, slack: float = DEFAULT_SLACK)
     faults = Faults.of(events)
     return [
         *check_overlaps(ops, faults),
+        *check_semaphores(ops, faults),
         *check_tokens(ops),
         *check_endings(ops, faults, slack),
         *check_leftovers(events, ops),
@@ -437,6 +492,14 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         "late_writes": sum(not w.get("valid") for op in workload for w in op.writes),
         "locks_lost": len(lost),
         "intents": sum(op.granted and op.has_intent for op in workload),
+        "semaphores": {
+            f"{node[0]}:{node[2]}": {
+                "grants": len(spans),
+                "limit": spans[0][2].invoke["limit"],
+                "most_at_once": most_at_once(spans),
+            }
+            for node, spans in sorted(_semaphore_spans(ops).items())
+        },
         "deadlock_cycles": sum(
             e["type"] == "fail" and e.get("outcome") == "deadlock" and bool(e.get("cycle")) for e in events
         ),

@@ -32,6 +32,8 @@ class CheckOptions:
     """Shell command that restarts the store abruptly (e.g. ``pg_ctl restart -m immediate -D DIR``)."""
     store_failover: str | None = None
     """Shell command that kills the store's primary and promotes a standby (see docs/topics/database.md)."""
+    semaphores: float = 0.1
+    """Share of the workload's requests for its semaphore (limit 2; the rest: trees, documents, the global lock)."""
     guarded: str | None = None
     """Guarded data: each exclusive grant appends to a record of the store's data through the fencing helpers
     (``fenced``), or through plain updates (``plain``, the control run the checker must catch); None: none."""
@@ -42,6 +44,8 @@ class CheckOptions:
             raise ValueError(f"unknown fault(s) {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
         if self.guarded not in (None, *GUARDED_MODES):
             raise ValueError(f"guarded data mode {self.guarded!r}: one of {', '.join(GUARDED_MODES)}")
+        if not 0 <= self.semaphores <= 1:
+            raise ValueError(f"the semaphores' share is between 0 and 1, not {self.semaphores!r}")
         if self.processes < 1 or self.seconds <= 0 or self.ttl <= 0 or self.slack < 0:
             raise ValueError("processes, seconds and ttl must be positive, slack not negative")
 

@@ -90,6 +90,10 @@ def summary_table(result: CheckResult) -> str:
             f"{s['intents']} ({s['recovered']} recovered by the reaper; "
             f"{s['reaper_passes_failed']} reaper passes failed on the store)",
         ),
+        *(
+            (f"semaphore {name}", f"{sem['grants']} grants, at most {sem['most_at_once']} at once of {sem['limit']}")
+            for name, sem in s.get("semaphores", {}).items()
+        ),
         (
             "faults injected",
             ", ".join(_injected(name, faults[name], s) for name in FAULTS if name in result.options.faults) or "none",

@@ -253,6 +253,7 @@ def run_check(
         settings_module=os.environ.get("DJANGO_SETTINGS_MODULE"),
         seed=seed,
         guarded=guarded,
+        semaphores=options.semaphores,
     )
     reaping = _Reaping(backend, namespace, max(options.ttl, 0.5), writer.record)
     _recoveries[namespace] = _recorder(writer, reaping)

@@ -25,6 +25,9 @@ READY_TIMEOUT = 120.0
 TREE_NAMES = ("a", "b")
 TREE_DEPTH = 3
 DOCUMENT_IDS = tuple(str(i) for i in range(1, 7))
+SEMAPHORE_NAME = "slots"
+SEMAPHORE_LIMIT = 2
+"""The workload's one semaphore: at most this many of its holders at once (check (a))."""
 
 # Counters each worker keeps for the progress line, per slot: operations, grants, losses.
 COUNTERS = 3
@@ -58,6 +61,8 @@ class WorkloadSpec:
     seed: int
     guarded: Any = None
     """The run's guarded data (a :class:`~.guarded.GuardedStore`), or None: no data writes."""
+    semaphores: float = 0.1
+    """Share of requests for the semaphore (``CheckOptions.semaphores``)."""
 
 
 class ClockSkew:
@@ -130,6 +135,11 @@ class Workload:
         prefix = "a" if api == "async" else ""
         common = {"timeout": 0.0 if rng.random() < 0.2 else round(rng.uniform(0.05, spec.max_timeout), 3)}
         common.update(ttl=spec.ttl, backend=self.backend)
+        if rng.random() < spec.semaphores:
+            semaphore = getattr(module, f"{prefix}semaphore")(
+                SEMAPHORE_NAME, SEMAPHORE_LIMIT, namespace=spec.namespace, **common
+            )
+            return "semaphore", api, semaphore, False
         roll = rng.random()
         if roll < 0.6:
             path = "/" + "/".join(rng.choice(TREE_NAMES) for _ in range(rng.randint(1, TREE_DEPTH)))
@@ -207,6 +217,8 @@ class Workload:
         record = self.history.record
         nodes = node_list(lock.targets)
         invoke = {"kind": kind, "api": api, "nodes": nodes, "timeout": lock.timeout, "hold": hold}
+        if lock.holder_limit is not None:
+            invoke["limit"] = lock.holder_limit
         record("invoke", op=op_id, **invoke, intent=lock.intent, **({"outer": outer} if outer else {}))
         bump(0)
         try:

@@ -7,7 +7,7 @@ from typing import Any
 from ..exceptions import LockDeadlock, LockTimeout, LockUnavailable
 from ..records import Kind
 
-KIND_LABELS = {Kind.TREE: "tree", Kind.DOCUMENT: "documents", Kind.GLOBAL: "global"}
+KIND_LABELS = {Kind.TREE: "tree", Kind.DOCUMENT: "documents", Kind.GLOBAL: "global", Kind.SEMAPHORE: "semaphore"}
 
 OPERATIONS = {
     "acquire": "acquire",

@@ -1,5 +1,10 @@
 """Renames as background tasks: Django's Tasks framework (the django-tasks backport before Django 6).
 
+At most ``FS_MAX_RENAMES`` rename tasks move documents at once, however
+many workers run: each takes a slot of the ``renames`` semaphore first (its
+waiters served in order), before any tree lock, so slots and tree locks are
+always taken in one order.
+
 The page's **Rename (task)** button: the view takes both tree locks at once
 (the page shows the rename locked from the first moment), checks the rename
 under them, hands the locks off (``lock.handoff``) and enqueues
@@ -24,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 
-from django_esdlock import LockError, resume_lock
+from django_esdlock import LockError, resume_lock, semaphore
 from django_esdlock.backends.base import BaseLockBackend
 from django_esdlock.conf import load_backend
 
@@ -76,6 +81,12 @@ def _backend(lock_config: Mapping[str, Any] | None) -> Iterator[BaseLockBackend 
         backend.close()
 
 
+def rename_slot(*, namespace: str = NAMESPACE, timeout: float | None = None, backend: Any = None) -> Any:
+    """One of the ``FS_MAX_RENAMES`` slots of the ``renames`` semaphore: a rename task holds one while it moves."""
+    limit = int(getattr(settings, "FS_MAX_RENAMES", 2))
+    return semaphore("renames", limit, namespace=namespace, timeout=timeout, backend=backend)
+
+
 def _pacing() -> dict[str, Any]:
     """How fast a task moves documents: ``FS_TASK_BATCH_SIZE`` per batch, ``FS_TASK_PAUSE`` seconds between."""
     return {
@@ -102,11 +113,13 @@ def rename_task(
     """
     fs = _index(es_url, index)
     if tickets:
-        with contextlib.ExitStack() as stack:
+        # A wait for a slot is bounded by half the tickets' lease: tickets that run out meanwhile fail
+        # resume_lock, and reap_locks ends their rename as a dead one's (it had moved nothing).
+        with rename_slot(namespace=namespace, timeout=TICKET_TTL / 2), contextlib.ExitStack() as stack:
             locks = {role: stack.enter_context(resume_lock(ticket)) for role, ticket in tickets.items()}
             kind, moved, token = move_under_locks(fs, src, dst, locks, **_pacing())
     else:
-        with _backend(lock_config) as backend:
+        with _backend(lock_config) as backend, rename_slot(namespace=namespace, timeout=timeout, backend=backend):
             result = rename(fs, src, dst, namespace=namespace, timeout=timeout, backend=backend, **_pacing())
         kind, moved, token = result.kind, result.moved, result.token
     return {"src": src, "dst": dst, "kind": kind, "moved": moved, "token": token, "pid": os.getpid()}

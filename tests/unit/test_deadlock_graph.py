@@ -341,3 +341,56 @@ def test_many_small_deadlocks_each_have_their_cycle_and_victim():
     found = cycles(s)
     assert [c.victim.holder_id for c in found] == [f"r-b{i:03d}" for i in range(100)]
     assert found == quadratic.cycles(s)
+
+
+# --- semaphores: held by all their holders, waited for until any one leaves ----------------------
+
+SEM = Node("fs", Kind.SEMAPHORE, "jobs")
+
+
+def sem_holds(owner: str) -> HolderRecord:
+    return HolderRecord(SEM, Mode.S, f"h-{owner}-sem", {"key": owner}, 1, None, LATER)
+
+
+def sem_waits(owner: str, *, ticket: int) -> WaiterRecord:
+    return WaiterRecord(SEM, Mode.S, f"r-{owner}", {"key": owner, "host": "h", "pid": 1}, ticket, LATER)
+
+
+def test_a_full_semaphore_whose_every_holder_waits_for_its_waiter_is_a_deadlock():
+    # A holds /a and waits for the semaphore, full with B and C, who both wait for /a.
+    s = state(
+        holds("A", "/a"),
+        sem_holds("B"),
+        sem_holds("C"),
+        sem_waits("A", ticket=10),
+        waits("B", "/a", ticket=20, request="r-B"),
+        waits("C", "/a", ticket=30, request="r-C"),
+    )
+    assert WaitForGraph(s).deadlocks == [frozenset({"A", "B", "C"})]
+    cycle = find_cycle(s, "r-A")
+    assert cycle is not None and SEM in cycle.nodes
+    assert {(e.waiter, e.blocker) for e in wait_edges(s) if e.node == SEM} == {
+        ("r-A", "h-B-sem"),
+        ("r-A", "h-C-sem"),
+    }
+    assert confirmed(cycle, s)
+
+
+def test_a_semaphore_with_one_holder_free_to_leave_is_no_deadlock():
+    # As above, but C waits for nothing: when it leaves, A takes its slot, then B gets /a.
+    s = state(
+        holds("A", "/a"),
+        sem_holds("B"),
+        sem_holds("C"),
+        sem_waits("A", ticket=10),
+        waits("B", "/a", ticket=20, request="r-B"),
+    )
+    assert WaitForGraph(s).deadlocks == []
+    assert find_cycle(s, "r-A") is None and find_cycle(s, "r-B") is None
+    assert cycles(s) == []
+
+
+def test_semaphore_waiters_queue_behind_each_other_whatever_their_modes():
+    s = state(sem_holds("H"), sem_waits("A", ticket=10), sem_waits("B", ticket=20))
+    queued = [(e.waiter, e.blocker) for e in wait_edges(s) if e.queued]
+    assert queued == [("r-B", "r-A")]

@@ -41,8 +41,9 @@ def record(row: Sequence[Any]) -> HolderRecord:
     the records of its other nodes carry neither, on every store (PostgreSQL
     keeps them once per grant; SQLite rows of an older release had copies).
     """
-    namespace, kind, key, _node_id, holder_id, mode, owner, token, acquired_ms, expires_ms, *json_columns = row
-    intent, checkpoint, recovery = (_unjson(value) for value in json_columns)
+    namespace, kind, key, _node_id, holder_id, mode, owner, token, acquired_ms, expires_ms, *rest = row
+    intent, checkpoint, recovery = (_unjson(value) for value in rest[:3])
+    holder_limit = rest[3] if len(rest) > 3 and kind == Kind.SEMAPHORE.value else None
     if not is_grant(mode):
         intent = checkpoint = None
     expires_at = from_epoch_ms(expires_ms)
@@ -58,6 +59,7 @@ def record(row: Sequence[Any]) -> HolderRecord:
         intent=intent,
         checkpoint=checkpoint,
         recovery=recovery,
+        holder_limit=holder_limit,
     )
 
 

@@ -43,6 +43,8 @@ class AcquireOutcome:
     """Of a refused waiting request: the most waiting requests queued before it on one of its nodes."""
     full: list[tuple[Node, int]] = dataclasses.field(default_factory=list)
     """Refused nodes that keep ``max_holders`` holders or more, with their count (see ACQUIRE)."""
+    holder_limit: int | None = None
+    """Of a semaphore's grant: the limit that stands on its node (the node's, or the request's on a fresh one)."""
 
 
 def _holds(source: Mapping[str, Any] | None, holder_id: str) -> bool:
@@ -54,13 +56,16 @@ def _marks(source: Mapping[str, Any] | None, holder_id: str) -> bool:
     return any(waiter.get("id") == holder_id for waiter in (source or {}).get("waiters") or ())
 
 
-def _queued_before(source: Mapping[str, Any] | None, ticket: int, mode: modes.Mode) -> int:
-    """Count the waiting markers in ``source`` that queue before a request of ``ticket`` for ``mode``."""
+def _queued_before(source: Mapping[str, Any] | None, request: LockRequest, mode: modes.Mode) -> int:
+    """Count the waiting markers in ``source`` that queue before ``request`` for ``mode`` (a semaphore's: all)."""
+    assert request.ticket is not None
     conflicts = {m.value for m in modes.conflicting(mode)}
     return sum(
         1
         for w in (source or {}).get("waiters") or ()
-        if w.get("ticket") is not None and w["ticket"] < ticket and w.get("mode") in conflicts
+        if w.get("ticket") is not None
+        and w["ticket"] < request.ticket
+        and (w.get("mode") in conflicts or request.holder_limit is not None)
     )
 
 
@@ -113,15 +118,17 @@ def read_acquire_items(
             and not _holds(source, request.holder_id)
         ):
             outcome.refused.append(node)  # it left a waiting marker, not a holder
-            outcome.ahead = max(outcome.ahead, _queued_before(source, request.ticket, mode))
+            outcome.ahead = max(outcome.ahead, _queued_before(source, request, mode))
             _note_full(outcome, node, source, max_holders)
         elif answered in ("created", "updated"):
             outcome.taken.append(node)
             outcome.token = max(outcome.token, token(body))
+            if request.holder_limit is not None:
+                outcome.holder_limit = (source or {}).get("holder_limit") or request.holder_limit
         elif answered == "noop":
             outcome.refused.append(node)
             if request.ticket is not None:
-                outcome.ahead = max(outcome.ahead, _queued_before(source, request.ticket, mode))
+                outcome.ahead = max(outcome.ahead, _queued_before(source, request, mode))
             _note_full(outcome, node, source, max_holders)
         else:
             outcome.errors.append(f"{node}: unexpected result {answered!r}")
@@ -172,6 +179,7 @@ def merge(first: AcquireOutcome, second: AcquireOutcome) -> AcquireOutcome:
         first.busy + second.busy,
         max(first.ahead, second.ahead),
         first.full + second.full,
+        first.holder_limit or second.holder_limit,
     )
 
 
@@ -265,6 +273,7 @@ def records(source: Mapping[str, Any], holders: Sequence[Mapping[str, Any]] | No
                 intent=h.get("intent") if main else None,
                 checkpoint=h.get("checkpoint") if main else None,
                 recovery=h.get("recovery"),
+                holder_limit=source.get("holder_limit") if node.kind is Kind.SEMAPHORE else None,
             )
         )
     return found

@@ -175,6 +175,8 @@ class GrantPipeline:
         ``plain`` False asks for CREATE: the ``_bulk`` also carries upserts.
         """
         fresh = {**node_fields(node), "lock_type": modes.lock_type([mode]), "lock_count": 1, "modes": [mode.value]}
+        if request.holder_limit is not None:
+            fresh["holder_limit"] = request.holder_limit  # its first holder's limit stands
         entry = holder_entry(holder, mode, request)
         pipeline = self._pipeline
         if pipeline is None or not plain:

@@ -26,7 +26,7 @@ from . import answers, scripts
 from .options import NESTED_OBJECTS_LIMIT, incarnation, token_floor_of
 from .transport import INCARNATION_TRIES, StoreCall, body_of, error_type
 
-MAPPING_VERSION = 3
+MAPPING_VERSION = 4
 
 logger = logging.getLogger("django_esdlock")
 
@@ -82,6 +82,8 @@ MAPPING: dict[str, Any] = {
         "waiters": {"type": "object", "enabled": False},
         # When the latest marker written here expires: finds the nodes with waiters (deadlock detection).
         "waiting_until": {"type": "date", "format": "epoch_millis"},
+        # A semaphore's: the limit its holders were granted under (it stands while any holds).
+        "holder_limit": {"type": "integer"},
     },
 }
 
@@ -89,8 +91,11 @@ ADDED_SINCE_VERSION_1 = ("waiting_until",)
 """Fields a lock index of mapping version 1 lacks; setup adds them (adding a field is allowed on a live index)."""
 ADDED_SINCE_VERSION_2 = ("holders.has_intent", "holders.owner.pidns")
 """Fields a lock index of mapping version 2 lacks (setup adds them too)."""
+ADDED_SINCE_VERSION_3 = ("holder_limit",)
+"""Fields a lock index of mapping version 3 lacks (setup adds them too)."""
 UPGRADE_PROPERTIES: dict[str, Any] = {
     "waiting_until": MAPPING["properties"]["waiting_until"],
+    "holder_limit": MAPPING["properties"]["holder_limit"],
     "holders": {
         "type": "nested",
         "properties": {
@@ -101,8 +106,9 @@ UPGRADE_PROPERTIES: dict[str, Any] = {
 }
 """What setup puts into the mapping of an existing lock index: every field added since version 1 (a no-op when
 the index has them)."""
+PROPERTIES_OF_VERSION_3 = {k: v for k, v in MAPPING["properties"].items() if k not in ADDED_SINCE_VERSION_3}
 PROPERTIES_OF_VERSION_2: dict[str, Any] = {
-    **MAPPING["properties"],
+    **PROPERTIES_OF_VERSION_3,
     "holders": {
         **MAPPING["properties"]["holders"],
         "properties": {
@@ -491,8 +497,12 @@ class IndexSetup:
             concrete, body = next(iter(mapping.items()))
             actual = body["mappings"]
             properties = actual.get("properties")
-            earlier = {1: ADDED_SINCE_VERSION_1 + ADDED_SINCE_VERSION_2, 2: ADDED_SINCE_VERSION_2}
-            version = {1: PROPERTIES_OF_VERSION_1, 2: PROPERTIES_OF_VERSION_2}
+            earlier = {
+                1: ADDED_SINCE_VERSION_1 + ADDED_SINCE_VERSION_2 + ADDED_SINCE_VERSION_3,
+                2: ADDED_SINCE_VERSION_2 + ADDED_SINCE_VERSION_3,
+                3: ADDED_SINCE_VERSION_3,
+            }
+            version = {1: PROPERTIES_OF_VERSION_1, 2: PROPERTIES_OF_VERSION_2, 3: PROPERTIES_OF_VERSION_3}
             lacking = next((earlier[v] for v, props in version.items() if properties == props), None)
             if lacking is not None and actual.get("dynamic") == "strict":
                 errors.append(

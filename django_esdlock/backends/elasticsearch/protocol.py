@@ -222,7 +222,9 @@ class Protocol:
             if outcome.full:
                 self._note_full(request.holder_id, outcome.full)
             return None
-        return Grant(request=request, token=outcome.token, taken=tuple(outcome.taken))
+        return Grant(
+            request=request, token=outcome.token, taken=tuple(outcome.taken), holder_limit=outcome.holder_limit
+        )
 
     def _take_steps(
         self,
@@ -293,6 +295,8 @@ class Protocol:
             fields += ["holders.id", "waiters.id"]
         if request.ticket is not None:  # its place in the queues (see queued_poll_interval)
             fields += ["waiters.ticket", "waiters.mode"]
+        if request.holder_limit is not None:  # the limit that stands (see Grant.holder_limit)
+            fields.append("holder_limit")
         return [
             op
             for node, mode in batch
@@ -319,6 +323,7 @@ class Protocol:
             "node": node_fields(node),
             "max_holders": self.max_holders_per_node,
             "lock_delay_ms": self.lock_delay_ms,
+            "holder_limit": request.holder_limit,
         }
         if request.ticket is not None:  # only a request that may wait leaves a marker
             params["waiter"] = marker_fields(request)

@@ -241,6 +241,38 @@ if (ctx._source.waiters != null) {
 if (!reentered && held >= params.max_holders) {
   refused = true;
 }
+// Semaphores (params.holder_limit; protocol.py, rule 5): the limit recorded
+// on the node stands while any holder counts, else the request's. The
+// counting holders and the live markers queued before this request (any
+// mode; none where the requester is inside) must leave it a slot. A grant
+// records the standing limit again.
+long standing = 0;
+if (params.holder_limit != null) {
+  standing = params.holder_limit;
+  if (held > 0 && ctx._source.holder_limit != null) {
+    standing = ctx._source.holder_limit;
+  }
+  int ahead = 0;
+  if (!inside && ctx._source.waiters != null) {
+    for (def w : ctx._source.waiters) {
+      long waitUntil = w.expires_at;
+      if (w.id != params.holder.id && w.released == null && waitUntil > now) {
+        if (params.ticket == null) {
+          ahead++;
+        } else {
+          long theirs = w.ticket;
+          long mine = params.ticket;
+          if (theirs < mine) {
+            ahead++;
+          }
+        }
+      }
+    }
+  }
+  if (held + ahead >= standing) {
+    refused = true;
+  }
+}
 if (reentered) {
   ctx.op = 'index';  // written back as it is (see above)
 } else if (refused && params.ticket == null) {
@@ -286,6 +318,9 @@ if (reentered) {
     ctx._source.key = params.node.key;
     ctx._source.parent = params.node.parent;
     ctx._source.depth = params.node.depth;
+    if (params.holder_limit != null) {
+      ctx._source.holder_limit = standing;
+    }
   }
   ctx._source.waiters = waiters;
 """

@@ -92,6 +92,12 @@ class Command(BaseCommand):
             default=DEFAULT_SLACK,
             help=f"Seconds a request may run past its timeout before it counts as hung (default {DEFAULT_SLACK:g}).",
         )
+        parser.add_argument(
+            "--semaphores",
+            type=float,
+            default=0.1,
+            help="Share of requests for the workload's semaphore of limit 2 (default 0.1; 0 for none).",
+        )
         parser.add_argument("--backend-url", help="A lock store URL instead of LOCK_BACKEND (as the setting takes).")
         parser.add_argument(
             "--es-hosts",
@@ -128,6 +134,7 @@ class Command(BaseCommand):
                 store_restart=options["store_restart"],
                 store_failover=options["store_failover"],
                 guarded=options["guarded_data"],
+                semaphores=options["semaphores"],
             )
             config = _config(options["backend_url"], options["es_hosts"])
         except ValueError as e:

@@ -24,7 +24,7 @@ from typing import Any
 
 from .... import modes
 from ....modes import Mode
-from ....records import Grant, HolderRecord, LockRequest, Node
+from ....records import Grant, HolderRecord, Kind, LockRequest, Node
 from ....steps import Steps
 from ...base import renew_params
 from ..dialect import Dialect
@@ -40,6 +40,8 @@ DEFAULT_PORT = 5432
 # Which held modes conflict with each mode: passed to esdlock_release, which
 # decides whom a release may free; modes.py stays the only copy of the matrix.
 CONFLICTS = json.dumps({mode.value: sorted(m.value for m in modes.conflicting(mode)) for mode in Mode})
+SEMAPHORE_CONFLICTS = json.dumps({**json.loads(CONFLICTS), Mode.S.value: [Mode.S.value]})
+"""What esdlock_release is told of a semaphore's grant: a slot it frees goes to the head of the queue."""
 _CONFLICTS_OF = {mode: ",".join(sorted(m.value for m in modes.conflicting(mode))) for mode in Mode}
 """What esdlock_acquire is told conflicts with each mode asked (comma-separated)."""
 
@@ -221,18 +223,25 @@ class PostgresDialect(Dialect):
             "ticket": request.ticket,
             "marker_ttl_ms": marker_ttl_ms,
             "lock_delay_ms": self.lock_delay_ms,
+            "holder_limit": request.holder_limit,
         }
-        token, taken = yield Statement(PostgresSQL.ACQUIRE, params, Fetch.ONE)
+        token, taken, holder_limit = yield Statement(PostgresSQL.ACQUIRE, params, Fetch.ONE)
         if taken is None:
             return None
         taken_ids = set(taken)
-        return Grant(request=request, token=token, taken=tuple(node for node in nodes if node.id in taken_ids))
+        taken_nodes = tuple(node for node in nodes if node.id in taken_ids)
+        return Grant(request=request, token=token, taken=taken_nodes, holder_limit=holder_limit)
 
     def release_steps(
         self, holder_id: str, owner_key: str | None, released: Sequence[tuple[Node, Mode | None]]
     ) -> Steps[bool]:
         # The grant row names its nodes: ``released`` is not sent.
-        params = {"holder_id": holder_id, "owner_key": owner_key, "conflicts": CONFLICTS}
+        semaphore = any(node.kind is Kind.SEMAPHORE for node, _ in released)
+        params = {
+            "holder_id": holder_id,
+            "owner_key": owner_key,
+            "conflicts": SEMAPHORE_CONFLICTS if semaphore else CONFLICTS,
+        }
         row = yield Statement(PostgresSQL.RELEASE, params, Fetch.ONE)
         return bool(row[0])
 

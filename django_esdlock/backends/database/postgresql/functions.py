@@ -6,9 +6,9 @@ installs it. A shipped version never changes (``tests/test_database.py``
 pins each file's statement): a change is a new version and a new migration
 that loads it, never a rewrite of an earlier migration's text.
 
-Current: ``esdlock_acquire`` v6 (0007, with the lock delay; v5 and the
-boolean ``p_reentrant`` overload v4 stay for the processes of the releases
-before it) and
+Current: ``esdlock_acquire`` v7 (0008: semaphores; v6 (0007, the lock
+delay), v5 and the boolean ``p_reentrant`` overload v4 stay for the
+processes of the releases before it) and
 ``esdlock_release`` v3 (0004). The dialect calls them (``dialect.py``).
 
 Rules the functions keep (and the statements of ``dialect.py``):
@@ -34,7 +34,7 @@ from pathlib import Path
 
 SQL_DIR = Path(__file__).parent / "sql"
 
-CURRENT = {"esdlock_acquire": 6, "esdlock_release": 3}
+CURRENT = {"esdlock_acquire": 7, "esdlock_release": 3}
 """The version of each function the dialect calls (the latest migration installs it)."""
 
 

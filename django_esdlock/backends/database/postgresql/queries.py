@@ -73,11 +73,11 @@ SELECT set_config('lock_timeout', '10s', false), set_config('idle_in_transaction
     # client that loses the answer releases the holder id best-effort; one
     # that dies leaves a grant its lease ends, like any dead holder.
     ACQUIRE = """
-SELECT token, taken FROM esdlock_acquire(
+SELECT token, taken, holder_limit FROM esdlock_acquire(
     %(ids)s::text[], %(namespaces)s::text[], %(kinds)s::text[], %(keys)s::text[], %(parents)s::text[],
     %(depths)s::int[], %(modes)s::text[], %(conflicts)s::text[], %(holder_id)s::text, %(owner)s::jsonb,
     %(owner_key)s::text, %(ttl_ms)s::float8, %(intent)s::jsonb, %(reentrant)s::text[], %(ticket)s::bigint,
-    %(marker_ttl_ms)s::float8, %(lock_delay_ms)s::float8)
+    %(marker_ttl_ms)s::float8, %(lock_delay_ms)s::float8, %(holder_limit)s::int)
 """
     RELEASE = "SELECT esdlock_release(%(holder_id)s::text, %(owner_key)s::text, %(conflicts)s::jsonb)"
 
@@ -171,7 +171,7 @@ ORDER BY w.node_id COLLATE "C", w.ticket
     RECORD_COLUMNS = """
 n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner::text, h.token,
 (extract(epoch FROM h.acquired_at) * 1000)::bigint, (extract(epoch FROM h.expires_at) * 1000)::bigint,
-h.intent::text, h.checkpoint::text, h.recovery::text
+h.intent::text, h.checkpoint::text, h.recovery::text, n.holder_limit
 """
     # Nodes ordered bytewise by namespace, kind and key, as Elasticsearch sorts keywords.
     NODE_ORDER = 'n.namespace COLLATE "C", n.kind COLLATE "C", n.key COLLATE "C"'
@@ -179,7 +179,7 @@ h.intent::text, h.checkpoint::text, h.recovery::text
         RECORD_COLUMNS,
         NODE_ORDER,
         'h.holder_id COLLATE "C"',
-        node_columns="n.id, n.namespace, n.kind, n.key, n.entries",
+        node_columns="n.id, n.namespace, n.kind, n.key, n.entries, n.holder_limit",
         holders_join=f"CROSS JOIN LATERAL {_HOLDERS_OF_N}",
         holders_of_n=f"{_HOLDERS_OF_N} WHERE",
     )

@@ -108,6 +108,9 @@ SELECT h.node_id, h.holder_id, h.mode, h.owner_key,
 FROM esdlock_holder h
 WHERE h.node_id IN {_SQLITE_IDS}
 """
+    # A semaphore's limit as its holders recorded it (see protocol rule 5).
+    READ_LIMITS = f"SELECT id, holder_limit FROM esdlock_node WHERE id IN {_SQLITE_IDS} AND holder_limit IS NOT NULL"
+    WRITE_LIMIT = f"UPDATE esdlock_node SET holder_limit = %(holder_limit)s WHERE id IN {_SQLITE_IDS}"
     READ_WAITERS = f"""
 SELECT node_id, holder_id, mode, ticket FROM esdlock_waiter WHERE node_id IN {_SQLITE_IDS} AND expires_at > %(now)s
 """
@@ -195,7 +198,7 @@ WHERE node_id IN {_SQLITE_IDS} AND holder_id = %(holder_id)s
 
     RECORD_COLUMNS = f"""
 n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner, h.token,
-{_sqlite_ms("h.acquired_at")}, {_sqlite_ms("h.expires_at")}, h.intent, h.checkpoint, h.recovery
+{_sqlite_ms("h.acquired_at")}, {_sqlite_ms("h.expires_at")}, h.intent, h.checkpoint, h.recovery, n.holder_limit
 """
     NODE_ORDER = "n.namespace, n.kind, n.key"
     _HOLDERS = {"holders_join": "JOIN esdlock_holder h ON h.node_id = n.id"}
@@ -203,7 +206,7 @@ n.namespace, n.kind, n.key, h.node_id, h.holder_id, h.mode, h.owner, h.token,
         RECORD_COLUMNS,
         NODE_ORDER,
         "h.holder_id",
-        node_columns="n.id, n.namespace, n.kind, n.key",
+        node_columns="n.id, n.namespace, n.kind, n.key, n.holder_limit",
         holders_of_n="esdlock_holder h WHERE h.node_id = n.id AND",
         **_HOLDERS,
     )
@@ -343,7 +346,10 @@ class SQLiteDialect(Dialect):
         ids = json.dumps([node.id for node in nodes])
         holders = yield Statement(SQLiteSQL.READ_HOLDERS, {"ids": ids, "now": now, "cut": cut}, Fetch.ALL)
         waiters = yield Statement(SQLiteSQL.READ_WAITERS, {"ids": ids, "now": now}, Fetch.ALL)
-        decision = decide(request, holders, waiters)
+        limits = None
+        if request.holder_limit is not None:
+            limits = dict((yield Statement(SQLiteSQL.READ_LIMITS, {"ids": ids}, Fetch.ALL)))
+        decision = decide(request, holders, waiters, limits)
         if decision.refused:
             if request.ticket is None:
                 return None, False
@@ -363,6 +369,8 @@ class SQLiteDialect(Dialect):
         yield Statement(SQLiteSQL.EVICT_FOR_ACQUIRE, {"ids": ids, "holder_id": request.holder_id, "cut": cut})
         if request.ticket is not None:
             yield Statement(SQLiteSQL.DROP_MARKERS, {"ids": ids, "holder_id": request.holder_id, "now": now})
+        if decision.holder_limit is not None:
+            yield Statement(SQLiteSQL.WRITE_LIMIT, {"ids": ids, "holder_limit": decision.holder_limit})
         token = yield from _next_token_steps()
         yield Statement(
             SQLiteSQL.WRITE_HOLDERS,
@@ -377,7 +385,8 @@ class SQLiteDialect(Dialect):
                 "intent": json_text(request.intent),
             },
         )
-        return Grant(request=request, token=token, taken=tuple(node for node, _ in decision.writes)), True
+        taken = tuple(node for node, _ in decision.writes)
+        return Grant(request=request, token=token, taken=taken, holder_limit=decision.holder_limit), True
 
     def release_steps(
         self, holder_id: str, owner_key: str | None, released: Sequence[tuple[Node, Mode | None]]
