@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
 import threading
-import time
 from typing import Any
 
 from .peer import setup_django
@@ -62,18 +59,3 @@ def frozen_holder(lock_config: dict, path: str, namespace: str, ready: Any, go: 
             "granted": sample("esdlock_acquire_seconds_count", **tree, outcome="granted"),
         },
     }
-
-
-def ready_pid(workers: Any, ready: Any) -> int:
-    """The pid the holder sends once it holds its lock; a worker that died fails at once."""
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        workers.check()
-        with contextlib.suppress(queue.Empty):
-            return ready.get(timeout=0.2)
-    raise TimeoutError(f"the holder was not ready within {WAIT:g}s")
-
-
-def stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")

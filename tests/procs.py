@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import queue
+import signal
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -70,6 +73,18 @@ class Workers:
             self._collect(remaining)
         return [self._results[i] for i in range(len(self._started))]
 
+    def receive(self, channel: Any, what: str, timeout: float) -> Any:
+        """Return the next item a worker puts on ``channel`` (a SPAWN queue) within ``timeout`` seconds.
+
+        A worker that died meanwhile fails the call at once; ``what`` says what never came.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check()
+            with contextlib.suppress(queue.Empty):
+                return channel.get(timeout=0.2)
+        raise TimeoutError(f"{what} within {timeout:g}s")
+
     def close(self) -> None:
         """Join the workers, killing those still running."""
         done = len(self._results) == len(self._started)
@@ -99,3 +114,26 @@ def run_processes(target: Callable[..., Any], arg_tuples: Sequence[tuple[Any, ..
     """
     with spawned(target, arg_tuples) as workers:
         return workers.results(timeout)
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP), as /proc says."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+@contextlib.contextmanager
+def frozen(pid: int, timeout: float) -> Iterator[None]:
+    """Stop process ``pid`` (SIGSTOP) until the block ends (SIGCONT): a GC pause, a frozen VM, a partition.
+
+    The block starts once the process is stopped (at most ``timeout`` s after the signal).
+    """
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + timeout
+        while not is_stopped(pid):
+            assert time.monotonic() < deadline, f"process {pid} did not stop within {timeout:g}s"
+            time.sleep(0.01)
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)

@@ -9,11 +9,7 @@ once with its traceback (``tests/procs.py``).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
-import signal
-import time
 import uuid
 
 import pytest
@@ -23,7 +19,7 @@ from django_esdlock.conf import load_backend
 from django_esdlock.fencing import fenced_update, fenced_update_document
 from tests.contract import store_params
 from tests.peer import SPAWN, setup_django
-from tests.procs import spawned
+from tests.procs import frozen, spawned
 from tests.stores import es_store
 
 PATH = "/accounts/frozen"
@@ -79,20 +75,6 @@ def frozen_holder(lock_config: dict, data: dict, ready, go) -> dict:
     return outcome
 
 
-def _ready_pid(workers, ready) -> int:
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        workers.check()
-        with contextlib.suppress(queue.Empty):
-            return ready.get(timeout=0.2)
-    raise TimeoutError(f"the holder was not ready within {WAIT:g}s")
-
-
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-
-
 def run_frozen_holder(lock_config: dict, data: dict, write, read) -> tuple[dict, int]:
     """Freeze the holder, let a new holder take the lock once the store evicts it and write; thaw it.
 
@@ -102,13 +84,8 @@ def run_frozen_holder(lock_config: dict, data: dict, write, read) -> tuple[dict,
 
     ready, go = SPAWN.Queue(), SPAWN.Event()
     with spawned(frozen_holder, [(lock_config, data, ready, go)]) as workers:
-        pid = _ready_pid(workers, ready)
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            deadline = time.monotonic() + WAIT
-            while not _stopped(pid):
-                assert time.monotonic() < deadline, "the holder did not stop"
-                time.sleep(0.01)
+        pid = workers.receive(ready, "the holder was not ready", WAIT)
+        with frozen(pid, WAIT):
             assert read() == "first holder"
             backend = load_backend(lock_config)
             try:
@@ -118,8 +95,6 @@ def run_frozen_holder(lock_config: dict, data: dict, write, read) -> tuple[dict,
                     new_token = lock.token
             finally:
                 backend.close()
-        finally:
-            os.kill(pid, signal.SIGCONT)
         go.set()
         (outcome,) = workers.results(WAIT)
     assert read() == "new holder"

@@ -9,10 +9,7 @@ comes before the next grant; without one, after it (the control).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
-import signal
 import threading
 import time
 import uuid
@@ -28,7 +25,7 @@ from django_esdlock.records import Kind, LockRequest, Node, Owner
 from tests.contract import store_params
 from tests.expiry import expire
 from tests.peer import SPAWN, setup_django
-from tests.procs import spawned
+from tests.procs import frozen, spawned
 
 DELAY = 30.0
 TTL = 60.0
@@ -162,20 +159,6 @@ def frozen_holder(lock_config: dict, ttl: float, ready, go, acts) -> None:
     lock.abandon()
 
 
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-
-
-def _get(workers, q, what: str):
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        workers.check()
-        with contextlib.suppress(queue.Empty):
-            return q.get(timeout=0.2)
-    raise TimeoutError(f"{what} within {WAIT:g}s")
-
-
 def frozen_then_taken(lock_config: dict, *, ttl: float, pause: float) -> tuple[float, float]:
     """Freeze a holder for ``pause`` s (longer than its lease) while a newcomer waits; return (its act, the grant)."""
     ready, go, acts = SPAWN.Queue(), SPAWN.Event(), SPAWN.Queue()
@@ -192,20 +175,13 @@ def frozen_then_taken(lock_config: dict, *, ttl: float, pause: float) -> tuple[f
 
     try:
         with spawned(frozen_holder, [(lock_config, ttl, ready, go, acts)]) as workers:
-            pid = _get(workers, ready, "the holder was not ready")
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                deadline = time.monotonic() + WAIT
-                while not _stopped(pid):
-                    assert time.monotonic() < deadline, "the holder did not stop"
-                    time.sleep(0.01)
+            pid = workers.receive(ready, "the holder was not ready", WAIT)
+            with frozen(pid, WAIT):
                 taker = threading.Thread(target=newcomer, daemon=True)
                 taker.start()
                 time.sleep(pause)
-            finally:
-                os.kill(pid, signal.SIGCONT)
             go.set()
-            act = _get(workers, acts, "the thawed holder did not act")
+            act = workers.receive(acts, "the thawed holder did not act", WAIT)
             workers.results(WAIT)
             taker.join(WAIT)
             assert not taker.is_alive(), "the newcomer was not granted"

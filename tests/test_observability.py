@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
-import signal
 import threading
 import uuid
 
@@ -42,8 +40,8 @@ from django_esdlock.reaper import Reaper
 
 from .expiry import expire
 from .leases import wait_until
-from .observed_holder import WAIT, frozen_holder, ready_pid, stopped
-from .procs import spawned
+from .observed_holder import WAIT, frozen_holder
+from .procs import frozen, spawned
 
 PAIRS = 25
 DEADLOCK_TIMEOUT = 0.3
@@ -210,10 +208,8 @@ def test_a_holder_frozen_past_its_lease_counts_one_loss(lock_config, namespace):
     path = "/obs/frozen"
     ready, go = _queue_and_event()
     with spawned(frozen_holder, [(lock_config, path, namespace, ready, go)]) as workers:
-        pid = ready_pid(workers, ready)
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            wait_until(lambda: stopped(pid), what="the holder stopped", timeout=WAIT)
+        pid = workers.receive(ready, "the holder was not ready", WAIT)
+        with frozen(pid, WAIT):
             backend = load_backend(lock_config)
             try:
                 # Granted once the store's clock says the frozen lease ran out: no guessed sleep.
@@ -222,8 +218,6 @@ def test_a_holder_frozen_past_its_lease_counts_one_loss(lock_config, namespace):
                 store = store_of(backend)
             finally:
                 backend.close()
-        finally:
-            os.kill(pid, signal.SIGCONT)
         go.set()
         (outcome,) = workers.results(WAIT)
     assert outcome["release"] == "LockLost"

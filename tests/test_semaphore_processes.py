@@ -9,10 +9,7 @@ traceback (``tests/procs.py``).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
-import signal
 import time
 
 import pytest
@@ -22,7 +19,7 @@ from django_esdlock.conf import load_backend
 from django_esdlock.records import Kind, Node
 from tests.contract import store_params
 from tests.peer import SPAWN, setup_django
-from tests.procs import spawned
+from tests.procs import frozen, spawned
 
 WAIT = 60.0
 """Seconds any step of these tests may take before it fails the test."""
@@ -98,33 +95,14 @@ def frozen_holder(config: dict, name: str, ready, go) -> dict:
     return outcome
 
 
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-
-
-def _ready(workers, ready):
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        workers.check()
-        with contextlib.suppress(queue.Empty):
-            return ready.get(timeout=0.2)
-    raise TimeoutError(f"the holder was not ready within {WAIT:g}s")
-
-
 def test_a_holder_frozen_past_its_lease_gives_its_slot_to_a_waiter_and_is_told_of_the_loss(lock_config):
     backend = load_backend(lock_config)
     ready, go = SPAWN.Queue(), SPAWN.Event()
     try:
         with spawned(frozen_holder, [(lock_config, "frozen", ready, go)]) as workers:
-            pid, frozen_token = _ready(workers, ready)
+            pid, frozen_token = workers.receive(ready, "the holder was not ready", WAIT)
             other = semaphore("frozen", 2, timeout=WAIT, backend=backend).acquire()  # the second slot, renewed
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                deadline = time.monotonic() + WAIT
-                while not _stopped(pid):
-                    assert time.monotonic() < deadline, "the holder did not stop"
-                    time.sleep(0.01)
+            with frozen(pid, WAIT):
                 # A third process's thread waits for a slot: granted once the store's clock ends the frozen lease.
                 granted = []
                 waiter = load_backend(lock_config)
@@ -134,8 +112,6 @@ def test_a_holder_frozen_past_its_lease_gives_its_slot_to_a_waiter_and_is_told_o
                         assert other.held
                 finally:
                     waiter.close()
-            finally:
-                os.kill(pid, signal.SIGCONT)
             go.set()
             (outcome,) = workers.results(WAIT)
             other.release()
@@ -167,7 +143,7 @@ def test_queued_waiters_in_processes_are_granted_in_the_order_they_came(lock_con
         holder = semaphore("fifo", 1, timeout=0, backend=backend).acquire()
         with spawned(queued_waiter, [(lock_config, "fifo", ready, go) for go in gos]) as workers:
             for _ in gos:
-                _ready(workers, ready)
+                workers.receive(ready, "a waiter was not ready", WAIT)
             for i, go in enumerate(gos):
                 go.set()
                 # The next one asks once this one's marker is in the store: the queue's order is known.
