@@ -12,13 +12,13 @@ switched by :func:`django_esdlock.observability.use`; the goal is at most
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import observability
 from ..locks import lock_tree
+from ..observability.state import installed
 from .common import Figure, interleaved_rates, ratio_at_least, tree_path
 from .kit import StoreKit
 
@@ -30,16 +30,9 @@ GOAL = ratio_at_least(0.97)
 SLICES = 30
 
 
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def _recording_provider() -> Any:
     """A tracer provider that records every span and drops it in a batch exporter; None without the SDK."""
-    if not _installed("opentelemetry.sdk"):
+    if not installed("opentelemetry.sdk"):
         return None
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -56,7 +49,7 @@ def _recording_provider() -> Any:
 def watched_state() -> tuple[observability.State, dict[str, bool]]:
     """Metrics and spans on, as far as the libraries are installed; and which are."""
     metrics = tracing = None
-    if _installed("prometheus_client"):
+    if installed("prometheus_client"):
         from prometheus_client import CollectorRegistry
 
         from ..observability.metrics import metrics_on

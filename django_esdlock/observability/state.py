@@ -32,7 +32,8 @@ class State:
 _state: State | None = None
 
 
-def _installed(module: str) -> bool:
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported here, found without importing it (nothing of it loads)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -43,7 +44,7 @@ def _load() -> State:
     """Read the settings. A bad one is logged and left off: reporting on locks must not stop them."""
     global _state
     metrics = tracing = None
-    if getattr(settings, "ESDLOCK_METRICS", True) and _installed("prometheus_client"):
+    if getattr(settings, "ESDLOCK_METRICS", True) and installed("prometheus_client"):
         from .metrics import metrics_on
 
         registry = getattr(settings, "ESDLOCK_METRICS_REGISTRY", None)
@@ -51,7 +52,7 @@ def _load() -> State:
             metrics = metrics_on(import_string(registry) if isinstance(registry, str) else registry)
         except Exception:
             logger.exception("ESDLOCK_METRICS_REGISTRY %r is not a registry: the locks record no metric", registry)
-    if getattr(settings, "ESDLOCK_TRACING", True) and _installed("opentelemetry.trace"):
+    if getattr(settings, "ESDLOCK_TRACING", True) and installed("opentelemetry.trace"):
         from .tracing import LockTracing
 
         tracing = LockTracing()
