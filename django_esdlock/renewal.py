@@ -100,16 +100,21 @@ class Renewer:
         self._failures: dict[BaseLock, str] = {}
         """Why the last renewal of a lock failed, while it is retried."""
         self._thread: threading.Thread | None = None
+        self._sleeping_until: float | None = None
+        """When the scheduler wakes next while it waits; None while it works (it looks at every lock again)."""
         self._workers = RenewalWorkers()
 
     def add(self, lock: BaseLock, ttl: float) -> None:
         with self._cond:
             self._held.add(lock)
-            self._due[lock] = time.monotonic() + min(ttl / 3, self.FIRST_RENEWAL)
+            due = self._due[lock] = time.monotonic() + min(ttl / 3, self.FIRST_RENEWAL)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="django-esdlock-renewer", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            # Woken only if it would sleep past this renewal: a lock taken and let go again and again (its lease
+            # ends later than its renewal is due) does not wake the scheduler each time.
+            if self._sleeping_until is None or due < self._sleeping_until:
+                self._cond.notify()
 
     def remove(self, lock: BaseLock, *, settle: bool = False) -> None:
         """Stop renewing ``lock``; with ``settle``, also wait until a renewal of it in flight has ended.
@@ -155,7 +160,11 @@ class Renewer:
                     (*self._due.values(), *(lock._valid_until for lock in self._held if lock._lost_reason is None)),
                     default=now + 60,
                 )
-                self._cond.wait(timeout=max(wake - now, 0.001))
+                self._sleeping_until = wake
+                try:
+                    self._cond.wait(timeout=max(wake - now, 0.001))
+                finally:
+                    self._sleeping_until = None
                 return
             batches: dict[BaseLockBackend, list[BaseLock]] = {}
             due_at = {}
