@@ -17,6 +17,7 @@ from django_esdlock.backends.elasticsearch.index import (
     PROPERTIES_OF_VERSION_1,
     PROPERTIES_OF_VERSION_2,
     PROPERTIES_OF_VERSION_3,
+    PROPERTIES_OF_VERSION_4,
 )
 from django_esdlock.backends.elasticsearch.protocol import HEAD_POLL_FLOOR
 from django_esdlock.conf import load_backend
@@ -50,7 +51,13 @@ def test_index_has_one_shard_and_the_strict_mapping(lock_config):
 
 
 @pytest.mark.parametrize(
-    "version, properties", [(1, PROPERTIES_OF_VERSION_1), (2, PROPERTIES_OF_VERSION_2), (3, PROPERTIES_OF_VERSION_3)]
+    "version, properties",
+    [
+        (1, PROPERTIES_OF_VERSION_1),
+        (2, PROPERTIES_OF_VERSION_2),
+        (3, PROPERTIES_OF_VERSION_3),
+        (4, PROPERTIES_OF_VERSION_4),
+    ],
 )
 def test_an_index_of_an_earlier_mapping_is_flagged_then_gains_the_new_fields_at_first_use(
     lock_config, version, properties

@@ -40,11 +40,20 @@ def test_release_keeps_a_holder_that_joined_after_the_create(backend):
     second = backend.acquire(tree(("/a", "IX"), ("/a/c", "X")))  # /a exists: ACQUIRE joins it
     assert first is not None and second is not None
     assert second.token > first.token
-    assert backend.release(first) is True  # the delete of /a fails on _seq_no; RELEASE runs
-    assert [h["id"] for h in source(backend, "/a")["holders"]] == [second.request.holder_id]
+    # The delete of /a fails on _seq_no: first's entry stays behind there, the other one too.
+    assert backend.release(first) is True
+    assert [h["id"] for h in source(backend, "/a")["holders"]] == [first.request.holder_id, second.request.holder_id]
     assert source(backend, "/a/b") is None
+    assert [(r.node.key, r.holder_id) for r in backend.holders(namespace="fs").holders] == [
+        ("/a", second.request.holder_id),
+        ("/a/c", second.request.holder_id),
+    ]
     assert backend.release(second) is True
-    assert source(backend, "/a") is None
+    assert backend.holders(namespace="fs").holders == []
+    # This process's next write of /a drops what it left there.
+    third = backend.acquire(tree(("/a", "IX"), ("/a/d", "X")))
+    assert [h["id"] for h in source(backend, "/a")["holders"]] == [third.request.holder_id]
+    assert backend.release(third) is True
 
 
 def test_release_after_renewal_still_deletes_without_a_script(backend):

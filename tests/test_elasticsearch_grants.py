@@ -126,13 +126,18 @@ def test_an_uncontended_tree_lock_is_one_bulk_of_creates_and_one_of_conditional_
     acquire, release = sent
     assert [verb for verb, _, _ in acquire] == ["create", "create", "create"]
     assert {header["pipeline"] for _, header, _ in acquire} == {DEFAULT_PIPELINE}
-    assert [body["key"] for _, _, body in acquire] == ["/a", "/a/b", "/a/b/c"]
+    # Deepest first: an ancestor's entry is written after its main node (see "Ancestors" in the protocol).
+    assert [body["key"] for _, _, body in acquire] == ["/a/b/c", "/a/b", "/a"]
+    assert [body["holders"][0].get("main") for _, _, body in acquire] == [
+        None,
+        *[Node("fs", Kind.TREE, "/a/b/c").id] * 2,
+    ]
     # Each node deleted if unchanged; the main node's RELEASE rides behind its delete (for a waiter's marker).
     assert [(verb, header["_id"]) for verb, header, _ in release] == [
-        ("delete", Node("fs", Kind.TREE, "/a").id),
-        ("delete", Node("fs", Kind.TREE, "/a/b").id),
         ("delete", Node("fs", Kind.TREE, "/a/b/c").id),
         ("update", Node("fs", Kind.TREE, "/a/b/c").id),
+        ("delete", Node("fs", Kind.TREE, "/a/b").id),
+        ("delete", Node("fs", Kind.TREE, "/a").id),
     ]
 
 
@@ -164,7 +169,17 @@ def test_a_create_that_finds_its_node_falls_back_to_acquire_in_a_second_bulk(sto
             [held.request.holder_id, joined.request.holder_id]
         )
         assert second.release(joined) is True and first.release(held) is True
-        assert source(first, "/a") is None
+        # Neither alone wrote /a: both entries stay behind, and hold nothing (see "Ancestors").
+        assert len(source(first, "/a")["holders"]) == 2
+        assert first.holders(namespace="fs").holders == []
+        third = load_backend(store)  # left nothing there itself: it reads their main nodes, then drops them
+        try:
+            taken = third.acquire(tree(("/a", "X")))
+            assert taken is not None
+            assert [h["id"] for h in source(third, "/a")["holders"]] == [taken.request.holder_id]
+            assert third.release(taken) is True
+        finally:
+            third.close()
     finally:
         first.close()
         second.close()
@@ -264,7 +279,7 @@ def test_a_bulk_that_joins_a_known_node_takes_its_fresh_ones_with_the_scripted_u
         assert "pipeline" not in str(bulk)
         for grant, backend in ((again, second), (joined, second), (held, first)):
             assert backend.release(grant) is True
-        assert source(first, "/a") is None
+        assert first.holders(namespace="fs").holders == []  # /a keeps their entries, which hold nothing
     finally:
         first.close()
         second.close()

@@ -8,7 +8,7 @@ with a hand-made answer, no store needed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from ... import modes
@@ -24,6 +24,9 @@ UNDER_REPLICATED = "under_replicated"
 
 TOKEN_TERM_SHIFT = 40
 """Bits of a fencing token below the primary term: the ``_seq_no`` part (see :func:`token`)."""
+
+SUSPECT_FIELDS = ("holders.id", "holders.mode", "holders.main", "holders.acquired_at")
+"""What an ACQUIRE of a main node asks back: the ancestor entries that may refuse it (see :func:`suspects`)."""
 
 MARKER_OWNER_FIELDS = ("host", "pid", "thread_name")
 """What a waiting marker records of its owner beside the key: what people read (``deadlock.owner_label``)."""
@@ -45,6 +48,29 @@ class AcquireOutcome:
     """Refused nodes that keep ``max_holders`` holders or more, with their count (see ACQUIRE)."""
     holder_limit: int | None = None
     """Of a semaphore's grant: the limit that stands on its node (the node's, or the request's on a fresh one)."""
+    suspects: dict[Node, list[Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
+    """Refused main nodes, with the ancestor entries there that refuse them and may hold no more (see suspects)."""
+
+
+def suspects(source: Mapping[str, Any] | None, request: LockRequest, mode: modes.Mode) -> list[Mapping[str, Any]]:
+    """Return the entries of a node that refuse ``request``'s ``mode`` there and may have been left behind.
+
+    Those are another holder's IS/IX entries that name their main node
+    (``main``, written by this release): their holder may have let go without
+    writing here (see "Ancestors" in the protocol).
+    """
+    if not modes.is_grant(mode):
+        return []
+    conflicts = {m.value for m in modes.conflicting(mode)}
+    return [
+        h
+        for h in (source or {}).get("holders") or ()
+        if h.get("main")
+        and h.get("mode") in conflicts
+        and h.get("id") != request.holder_id
+        and "acquired_at" in h
+        and not modes.is_grant(h["mode"])
+    ]
 
 
 def _holds(source: Mapping[str, Any] | None, holder_id: str) -> bool:
@@ -120,6 +146,7 @@ def read_acquire_items(
             outcome.refused.append(node)  # it left a waiting marker, not a holder
             outcome.ahead = max(outcome.ahead, _queued_before(source, request, mode))
             _note_full(outcome, node, source, max_holders)
+            _note_suspects(outcome, node, source, request, mode)
         elif answered in ("created", "updated"):
             outcome.taken.append(node)
             outcome.token = max(outcome.token, token(body))
@@ -130,6 +157,7 @@ def read_acquire_items(
             if request.ticket is not None:
                 outcome.ahead = max(outcome.ahead, _queued_before(source, request, mode))
             _note_full(outcome, node, source, max_holders)
+            _note_suspects(outcome, node, source, request, mode)
         else:
             outcome.errors.append(f"{node}: unexpected result {answered!r}")
     return outcome
@@ -169,6 +197,14 @@ def _note_full(outcome: AcquireOutcome, node: Node, source: Mapping[str, Any] | 
         outcome.full.append((node, count))
 
 
+def _note_suspects(
+    outcome: AcquireOutcome, node: Node, source: Mapping[str, Any] | None, request: LockRequest, mode: modes.Mode
+) -> None:
+    found = suspects(source, request, mode)
+    if found:
+        outcome.suspects[node] = found
+
+
 def merge(first: AcquireOutcome, second: AcquireOutcome) -> AcquireOutcome:
     """Return the outcome of two parts of one acquire, the second sent after the first."""
     return AcquireOutcome(
@@ -180,6 +216,7 @@ def merge(first: AcquireOutcome, second: AcquireOutcome) -> AcquireOutcome:
         max(first.ahead, second.ahead),
         first.full + second.full,
         first.holder_limit or second.holder_limit,
+        {**first.suspects, **second.suspects},
     )
 
 
@@ -305,8 +342,18 @@ def _marker_owner(marker: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**fields, "key": owner} if owner else fields
 
 
-def wait_state_of(sources: Sequence[Mapping[str, Any]], now_ms: int) -> WaitState:
-    """The live markers of node documents and the holders that block there (live, or awaiting recovery)."""
+def without_left(records: Sequence[HolderRecord], left: Collection[tuple[str, str]]) -> list[HolderRecord]:
+    """Return ``records`` but the ancestor entries left behind (``left``: (node id, holder id) pairs)."""
+    return [r for r in records if (r.node.id, r.holder_id) not in left] if left else list(records)
+
+
+def wait_state_of(
+    sources: Sequence[Mapping[str, Any]], now_ms: int, left: Collection[tuple[str, str]] = ()
+) -> WaitState:
+    """The live markers of node documents and the holders that block there (live, or awaiting recovery).
+
+    ``left``: ancestor entries whose holder let go (see "Ancestors" in the protocol): they block nobody.
+    """
     waiters: list[WaiterRecord] = []
     holders: list[HolderRecord] = []
     for source in sources:
@@ -320,7 +367,7 @@ def wait_state_of(sources: Sequence[Mapping[str, Any]], now_ms: int) -> WaitStat
             owner = _marker_owner(w)
             waiters.append(WaiterRecord(node, modes.Mode(w["mode"]), w["id"], owner, w["ticket"], expires_at))
         blocking = [h for h in source.get("holders") or () if h["expires_at"] > now_ms or awaits_recovery(h)]
-        holders.extend(records(source, blocking))
+        holders.extend(without_left(records(source, blocking), left))
     return WaitState(tuple(waiters), tuple(holders))
 
 

@@ -26,7 +26,7 @@ from . import answers, scripts
 from .options import NESTED_OBJECTS_LIMIT, incarnation, token_floor_of
 from .transport import INCARNATION_TRIES, StoreCall, body_of, error_type
 
-MAPPING_VERSION = 4
+MAPPING_VERSION = 5
 
 logger = logging.getLogger("django_esdlock")
 
@@ -76,6 +76,8 @@ MAPPING: dict[str, Any] = {
                 "checkpoint": {"type": "object", "enabled": False},
                 "recovery": {"type": "object", "enabled": False},
                 "has_intent": {"type": "boolean"},
+                # On an ancestor (IS/IX): the id of the holder's main node, where it shows whether it still holds.
+                "main": {"type": "keyword", "index": False, "doc_values": False},
             },
         },
         # Markers of requests that waited (fair waiting); read by scripts only.
@@ -93,6 +95,8 @@ ADDED_SINCE_VERSION_2 = ("holders.has_intent", "holders.owner.pidns")
 """Fields a lock index of mapping version 2 lacks (setup adds them too)."""
 ADDED_SINCE_VERSION_3 = ("holder_limit",)
 """Fields a lock index of mapping version 3 lacks (setup adds them too)."""
+ADDED_SINCE_VERSION_4 = ("holders.main",)
+"""Fields a lock index of mapping version 4 lacks (setup adds them too)."""
 UPGRADE_PROPERTIES: dict[str, Any] = {
     "waiting_until": MAPPING["properties"]["waiting_until"],
     "holder_limit": MAPPING["properties"]["holder_limit"],
@@ -100,19 +104,27 @@ UPGRADE_PROPERTIES: dict[str, Any] = {
         "type": "nested",
         "properties": {
             "has_intent": MAPPING["properties"]["holders"]["properties"]["has_intent"],
+            "main": MAPPING["properties"]["holders"]["properties"]["main"],
             "owner": {"properties": {"pidns": _OWNER["properties"]["pidns"]}},
         },
     },
 }
 """What setup puts into the mapping of an existing lock index: every field added since version 1 (a no-op when
 the index has them)."""
-PROPERTIES_OF_VERSION_3 = {k: v for k, v in MAPPING["properties"].items() if k not in ADDED_SINCE_VERSION_3}
+PROPERTIES_OF_VERSION_4: dict[str, Any] = {
+    **MAPPING["properties"],
+    "holders": {
+        **MAPPING["properties"]["holders"],
+        "properties": {k: v for k, v in MAPPING["properties"]["holders"]["properties"].items() if k != "main"},
+    },
+}
+PROPERTIES_OF_VERSION_3 = {k: v for k, v in PROPERTIES_OF_VERSION_4.items() if k not in ADDED_SINCE_VERSION_3}
 PROPERTIES_OF_VERSION_2: dict[str, Any] = {
     **PROPERTIES_OF_VERSION_3,
     "holders": {
-        **MAPPING["properties"]["holders"],
+        **PROPERTIES_OF_VERSION_3["holders"],
         "properties": {
-            **{k: v for k, v in MAPPING["properties"]["holders"]["properties"].items() if k != "has_intent"},
+            **{k: v for k, v in PROPERTIES_OF_VERSION_3["holders"]["properties"].items() if k != "has_intent"},
             "owner": {"properties": {k: v for k, v in _OWNER["properties"].items() if k != "pidns"}},
         },
     },
@@ -498,11 +510,17 @@ class IndexSetup:
             actual = body["mappings"]
             properties = actual.get("properties")
             earlier = {
-                1: ADDED_SINCE_VERSION_1 + ADDED_SINCE_VERSION_2 + ADDED_SINCE_VERSION_3,
-                2: ADDED_SINCE_VERSION_2 + ADDED_SINCE_VERSION_3,
-                3: ADDED_SINCE_VERSION_3,
+                1: ADDED_SINCE_VERSION_1 + ADDED_SINCE_VERSION_2 + ADDED_SINCE_VERSION_3 + ADDED_SINCE_VERSION_4,
+                2: ADDED_SINCE_VERSION_2 + ADDED_SINCE_VERSION_3 + ADDED_SINCE_VERSION_4,
+                3: ADDED_SINCE_VERSION_3 + ADDED_SINCE_VERSION_4,
+                4: ADDED_SINCE_VERSION_4,
             }
-            version = {1: PROPERTIES_OF_VERSION_1, 2: PROPERTIES_OF_VERSION_2, 3: PROPERTIES_OF_VERSION_3}
+            version = {
+                1: PROPERTIES_OF_VERSION_1,
+                2: PROPERTIES_OF_VERSION_2,
+                3: PROPERTIES_OF_VERSION_3,
+                4: PROPERTIES_OF_VERSION_4,
+            }
             lacking = next((earlier[v] for v, props in version.items() if properties == props), None)
             if lacking is not None and actual.get("dynamic") == "strict":
                 errors.append(

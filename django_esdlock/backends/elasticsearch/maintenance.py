@@ -152,8 +152,9 @@ class Maintenance:
             records.extend(
                 answers.records(hit["_source"], [h["_source"] for h in inner["hits"]["hits"]] if inner else None)
             )
+        left = yield from self._left_behind_steps([hit["_source"] for hit in hits])
         next_cursor = _encode_cursor(hits[-1]["sort"]) if len(hits) == limit else None
-        return HolderPage(records, next_cursor)
+        return HolderPage(answers.without_left(records, left), next_cursor)
 
     def node_holders(self, node: Node) -> list[HolderRecord]:
         return drive(self._node_holders_steps(node), self.perform)
@@ -163,7 +164,10 @@ class Maintenance:
             return []
         get = StoreCall("get", {"index": self.index_of(node.namespace), "id": node.id}, options={"ignore_status": 404})
         response = yield from self._call_steps("read a lock node", get)
-        return answers.records(response["_source"]) if response.get("found") else []
+        if not response.get("found"):
+            return []
+        left = yield from self._left_behind_steps([response["_source"]])
+        return answers.without_left(answers.records(response["_source"]), left)
 
     def evict_expired(
         self,
@@ -230,13 +234,11 @@ class Maintenance:
             )
             for hit in chosen
         ]
+        # Read before the deletes (which may take a main node): entries whose holder had let go are not reported.
+        left = yield from self._left_behind_steps([hit["_source"] for hit in chosen])
         items = yield from self._bulk_steps(operations, "evict expired holders")
-        return [
-            r
-            for hit, item in zip(chosen, items, strict=True)
-            if answers.result(item) == "deleted"
-            for r in answers.records(hit["_source"])
-        ]
+        deleted = [hit["_source"] for hit, item in zip(chosen, items, strict=True) if answers.result(item) == "deleted"]
+        return answers.without_left([r for source in deleted for r in answers.records(source)], left)
 
     def _evict_steps(self, found: list[HolderRecord], grace_ms: int) -> Steps[list[HolderRecord]]:
         """Run EVICT on the nodes of ``found``; delete the nodes it left empty, if nobody wrote them since."""
@@ -318,7 +320,10 @@ class Maintenance:
         """Hand ``each``, page by page, the holders matching ``nested_query`` (by inner hits) that ``keep`` accepts."""
 
         def records_of(hits: list[Hit]) -> Steps[None]:
-            yield from each([record for hit in hits for record in answers.hit_records(hit, keep)])
+            left = yield from self._left_behind_steps([hit["_source"] for hit in hits])
+            yield from each(
+                answers.without_left([record for hit in hits for record in answers.hit_records(hit, keep)], left)
+            )
 
         yield from self._search_steps({"path": "holders", "query": nested_query}, records_of, namespace=namespace)
 

@@ -9,6 +9,7 @@ scripts it sends are in :mod:`.scripts`, and how their answers read in
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -59,6 +60,9 @@ QUIET_RELEASE_BOUND = 2.0
 """Seconds the give-back of a failed acquire, or the withdrawal of a request's waiting markers, may wait for the
 store: the caller is failing or giving up already, and the lease or the marker's own expiry ends what is left."""
 
+READ_ONLY = "ctx.op = 'none'"
+"""The script of a scripted update that only reads a node: on its primary, from the translog (see ``_gone_steps``)."""
+
 SORT = [{"namespace": "asc"}, {"kind": "asc"}, {"key": "asc"}]
 """The order of lock nodes in every search: a stable order for pages."""
 
@@ -72,17 +76,39 @@ def marker_fields(request: LockRequest) -> dict[str, Any]:
     return fields
 
 
+def main_node(request: LockRequest) -> Node | None:
+    """Return the main node of a tree lock (its S or X node, below its ancestors); None for other locks."""
+    node, mode = request.targets[-1]
+    return node if node.kind is Kind.TREE and modes.is_grant(mode) else None
+
+
 def holder_entry(holder: Mapping[str, Any], mode: modes.Mode, request: LockRequest) -> dict[str, Any]:
     """Return the holder entry a request writes on a node it takes in ``mode``: the intent on its main node only.
 
     Its other nodes (the IS/IX ancestors of a tree lock) carry ``has_intent``
     (in ``holder``) instead: they are shared, and every other holder's write
-    there rewrites every entry.
+    there rewrites every entry. They name the main node (``main``): where to
+    look whether the entry still holds (see "Ancestors" in :class:`Protocol`).
     """
     entry = {**holder, "mode": mode.value}
-    if request.intent is not None and modes.is_grant(mode):
-        entry["intent"] = request.intent
+    if modes.is_grant(mode):
+        if request.intent is not None:
+            entry["intent"] = request.intent
+    else:
+        main = main_node(request)
+        if main is not None:
+            entry["main"] = main.id
     return entry
+
+
+def bottom_up(targets: Sequence[tuple[Node, modes.Mode]]) -> list[tuple[Node, modes.Mode]]:
+    """Return ``targets`` deepest first: a tree lock's main node before its ancestors (see "Ancestors")."""
+    return sorted(targets, key=lambda target: -target[0].key.count("/") if target[0].kind is Kind.TREE else 0)
+
+
+def unique(nodes: Sequence[Node]) -> list[Node]:
+    """Return ``nodes`` without repeats, in order (a node written again to keep an ancestor's order)."""
+    return list(dict.fromkeys(nodes))
 
 
 def node_fields(node: Node) -> dict[str, Any]:
@@ -128,6 +154,23 @@ class Protocol:
     A mixin of the backend: it writes through :class:`~.transport.Transport`'s
     ``_bulk`` and keeps what this process learnt of its own writes (nodes it
     alone holds, nodes that exist, where a waiting request stands).
+
+    Ancestors: a tree lock's release writes its main node (its S or X node)
+    and the ancestors it alone held (a conditional delete), not the IS/IX
+    entries it shares with others: those stay behind, naming their main node
+    (``main``), until this process next writes that ancestor (``gone``), their
+    lease ends, or someone who needs the ancestor shows they no longer hold.
+    Someone refused there by such entries reads their main nodes (on the
+    primary) and asks again with those whose holder is not there as ``gone``.
+    That is sound because an entry is only ever written after its holder's
+    main node was taken, or written again after it: each request writes
+    bottom-up (one shard applies a ``_bulk`` in order), and an acquire whose
+    main node is taken in a later ``_bulk`` than an ancestor writes that
+    ancestor again behind it, with a later ``acquired_at``. So an entry whose
+    main node lacks its holder belongs to a holder that let go or has not
+    been granted yet, and a ``gone`` entry is dropped only if it is still the
+    very write that was read (its ``acquired_at``): a rewrite behind a late
+    grant is kept, or refused by the newcomer's grant.
     """
 
     def _init_protocol(self) -> None:
@@ -142,6 +185,11 @@ class Protocol:
         """Seconds an acquire takes to answer, smoothed: a waiting marker outlasts a few of them."""
         self._full: dict[str, list[tuple[Node, int]]] = {}
         """holder id -> the nodes that refused its last attempt for keeping max_holders_per_node holders."""
+        self._left: dict[str, dict[str, None]] = {}
+        """node id -> ids of this process's holders released without a write there (shared ancestors): sent as
+        ``gone`` with the next ACQUIRE of that node."""
+        self._left_on: dict[str, list[str]] = {}
+        """holder id -> the nodes of ``_left`` where it stays: forgotten when that holder writes again (a retry)."""
 
     def _scripted(
         self, node: Node, source: str, params: dict[str, Any], *, fields: list[str] | None = None, **body: Any
@@ -177,7 +225,8 @@ class Protocol:
         to ACQUIRE in the first. A waiting request tries the nodes that refused
         it last time on their own first: while they still refuse, a poll
         writes nothing (its markers are fresh) and takes no ancestor it would
-        only give back.
+        only give back. A main node refused by ancestor entries left behind
+        (see "Ancestors") is asked again at once, with those shown gone.
         """
         yield from self._ensure_index_steps()
         holder: dict[str, Any] = {"id": request.holder_id, "owner": request.owner.as_dict()}
@@ -186,10 +235,11 @@ class Protocol:
         with self._sole_lock:
             blocked, _ = self._blocked.pop(request.holder_id, ((), 0))
             self._full.pop(request.holder_id, None)
-        probe = [t for t in request.targets if t[0].id in blocked]
-        outcome = answers.AcquireOutcome([], [], [], 0)
+            self._forget_left(request.holder_id)  # it writes again: an entry of it is its own from now on
+        probe = bottom_up([t for t in request.targets if t[0].id in blocked])
         sent = time.monotonic()
         deadline = sent + min(self.held_for(request.ttl), ACQUIRE_CALL_BOUND)
+        outcome = answers.AcquireOutcome([], [], [], 0)
         try:
             if probe:
                 items = yield from self._bulk_steps(
@@ -198,12 +248,26 @@ class Protocol:
                 outcome = answers.read_acquire_items(request, items, probe, max_holders=self.max_holders_per_node)
             if not (outcome.refused or outcome.errors or outcome.busy):
                 rest = [t for t in request.targets if t not in probe]
+                if any(modes.is_grant(mode) for _, mode in rest):  # ancestors taken alone go again behind it
+                    rest += [t for t in probe if not modes.is_grant(t[1])]
                 outcome = answers.merge(outcome, (yield from self._take_steps(rest, holder, request, deadline)))
+            if outcome.suspects and outcome.refused and not (outcome.errors or outcome.busy):
+                gone = yield from self._gone_steps(request, outcome.suspects, deadline)
+                if gone:
+                    # Everything again, deepest first, in one _bulk of ACQUIRE: taken nodes are written again.
+                    again = bottom_up(request.targets)
+                    items = yield from self._bulk_steps(
+                        self._acquire_items(again, holder, request, gone), "acquire", retry_for=0, deadline=deadline
+                    )
+                    retried = answers.read_acquire_items(request, items, again, max_holders=self.max_holders_per_node)
+                    retried.taken = outcome.taken + retried.taken  # what to give back if it fails
+                    outcome = retried
         except LockBackendUnavailable:
             # A bulk may have been applied in part: give back whatever it took.
             nodes = [n for n, _ in request.targets]
             yield from self._release_steps(request.holder_id, request.owner.key, nodes, quiet=True)
             raise
+        outcome.taken = unique(outcome.taken)
         took = time.monotonic() - sent
         self._acquire_rtt = (
             took if not self._acquire_rtt else self._acquire_rtt + (took - self._acquire_rtt) * RTT_SMOOTHING
@@ -212,7 +276,9 @@ class Protocol:
             failed = bool(outcome.errors or outcome.busy)
             # A busy item may have been written all the same (to too few shard copies): give back every node.
             given_back = [n for n, _ in request.targets] if outcome.busy else outcome.taken
-            yield from self._release_steps(request.holder_id, request.owner.key, given_back, quiet=failed)
+            yield from self._release_steps(
+                request.holder_id, request.owner.key, given_back, quiet=failed, leave=self._may_leave(request)
+            )
             if outcome.errors:
                 raise LockBackendUnavailable(f"Elasticsearch refused the acquire: {'; '.join(outcome.errors)}")
             if not outcome.refused:
@@ -225,6 +291,85 @@ class Protocol:
         return Grant(
             request=request, token=outcome.token, taken=tuple(outcome.taken), holder_limit=outcome.holder_limit
         )
+
+    def _gone_steps(
+        self, request: LockRequest, suspects: Mapping[Node, Sequence[Mapping[str, Any]]], deadline: float
+    ) -> Steps[dict[str, list[list[Any]]]]:
+        """Return, per refused node, the ancestor entries among ``suspects`` whose holder is not on its main node.
+
+        Each main node is read on its primary shard, by a scripted no-op
+        update that answers the node from the translog: a realtime ``get``
+        may be answered by a replica, which can lag behind a grant the
+        primary applied. A main node that is not there holds nobody.
+        """
+        index = self.index_of(request.targets[0][0].namespace)
+        mains = sorted({entry["main"] for entries in suspects.values() for entry in entries})
+        operations: list[dict[str, Any]] = []
+        for main in mains:
+            header = {"_index": index, "_id": main, "_source": {"includes": ["holders.id"]}}
+            operations += [{"update": header}, {"script": {"source": READ_ONLY, "lang": "painless"}}]
+        items = yield from self._bulk_steps(operations, "read the main nodes of ancestor entries", deadline=deadline)
+        holding: dict[str, set[str] | None] = {}  # main node id -> its holders (None: unknown)
+        for main, item in zip(mains, items, strict=True):
+            body = item["update"]
+            if body.get("status") == 404 and (body.get("error") or {}).get("type") == "document_missing_exception":
+                holding[main] = set()
+            elif body.get("result") == "noop":
+                holding[main] = {h.get("id") for h in (body.get("get", {}).get("_source") or {}).get("holders") or ()}
+            else:
+                holding[main] = None
+        gone: dict[str, list[list[Any]]] = {}
+        for node, entries in suspects.items():
+            for entry in entries:
+                there = holding.get(entry["main"])
+                if there is not None and entry["id"] not in there:
+                    gone.setdefault(node.id, []).append([entry["id"], entry["acquired_at"]])
+        return gone
+
+    def _may_leave(self, request: LockRequest) -> frozenset[str]:
+        """The nodes whose entry a release of ``request`` may leave behind: a tree lock's ancestors, without an intent.
+
+        An entry that awaits a recovery must go with its release: expired, it
+        would still block (see ``has_intent``).
+        """
+        if request.intent is not None or main_node(request) is None:  # no main node: nowhere to show it gone
+            return frozenset()
+        return frozenset(node.id for node, mode in request.targets if not modes.is_grant(mode))
+
+    def _forget_left(self, holder_id: str) -> None:
+        """Forget the entries ``holder_id`` left behind (call with ``_sole_lock`` held)."""
+        for node_id in self._left_on.pop(holder_id, ()):
+            left = self._left.get(node_id)
+            if left is not None:
+                left.pop(holder_id, None)
+                if not left:
+                    del self._left[node_id]
+
+    def _note_left(self, holder_id: str, nodes: Sequence[Node]) -> None:
+        """Remember that ``holder_id`` was released from ``nodes`` without a write there."""
+        if not nodes:
+            return
+        with self._sole_lock:
+            for node in nodes:
+                self._left.setdefault(node.id, {})[holder_id] = None
+            self._left_on.setdefault(holder_id, []).extend(node.id for node in nodes)
+            while len(self._left_on) > SOLE_HOLDS_KEPT:
+                self._forget_left(next(iter(self._left_on)))  # the oldest: the lease or a reader ends it
+
+    def _take_left(self, node: Node) -> list[list[Any]]:
+        """Return (and forget) the entries this process left on ``node``, as ACQUIRE's ``gone``."""
+        with self._sole_lock:
+            left = self._left.pop(node.id, None)
+            if not left:
+                return []
+            for holder_id in left:
+                nodes = self._left_on.get(holder_id)
+                if nodes is not None:
+                    with contextlib.suppress(ValueError):
+                        nodes.remove(node.id)
+                    if not nodes:
+                        del self._left_on[holder_id]
+        return [[holder_id, None] for holder_id in left]
 
     def _take_steps(
         self,
@@ -242,40 +387,49 @@ class Protocol:
         fresh ones with the scripted CREATE.
         """
         yield from self._grant_pipeline_steps()
+        targets = bottom_up(targets)  # see "Ancestors"
         with self._sole_lock:
-            known = [t for t in targets if t[0].id in self._existing]
-        fresh = [t for t in targets if t not in known]
+            known = {t for t in targets if t[0].id in self._existing}
         # Elasticsearch 7.0 fails an upsert (ACQUIRE) through an alias in a _bulk that also names a pipeline
         # ("pipeline with id [null] does not exist"): a plain create only in a bulk of creates (see grants.py).
         plain = not known
-        operations = [op for node, mode in fresh for op in self._fresh_item(node, mode, holder, request, plain=plain)]
-        operations += self._acquire_items(known, holder, request)
+        operations = []
+        for node, mode in targets:
+            if (node, mode) in known:
+                operations += self._acquire_items([(node, mode)], holder, request)
+            else:
+                operations += self._fresh_item(node, mode, holder, request, plain=plain)
         items = yield from self._bulk_steps(operations, "acquire", retry_for=0, deadline=deadline)
-        fresh_items, known_items = items[: len(fresh)], items[len(fresh) :]
         existing = []
+        answered = []
         created = []
-        for target, item in zip(fresh, fresh_items, strict=True):
+        for target, item in zip(targets, items, strict=True):
+            if target in known:
+                answered.append((target, item))
+                if answers.result(item) == "created":
+                    self._note_existing([], [target[0]])
+                continue
             found = answers.fresh_node_exists(item)
             if found is None:
-                created.append((target, item))
+                answered.append((target, item))
+                created.append((target[0], item))
                 if answers.result(item) == "created" and "create" in item:
                     self._pipeline_worked()
                 continue
             existing.append(target)
             if found == "failed":
                 self._pipeline_failed(answers.item_error(item))
-        self._note_sole(request.holder_id, [(node, item) for (node, _), item in created])
-        self._note_existing(
-            [n for n, _ in existing],
-            [n for (n, _), i in zip(known, known_items, strict=True) if answers.result(i) == "created"],
-        )
+        self._note_sole(request.holder_id, created)
+        self._note_existing([n for n, _ in existing], [])
         outcome = answers.read_acquire_items(
-            request,
-            [i for _, i in created] + known_items,
-            [t for t, _ in created] + known,
-            max_holders=self.max_holders_per_node,
+            request, [i for _, i in answered], [t for t, _ in answered], max_holders=self.max_holders_per_node
         )
         if existing and not (outcome.refused or outcome.errors or outcome.busy):
+            if any(modes.is_grant(mode) for _, mode in existing):
+                # Its ancestors taken above are written again behind the main node (see "Ancestors").
+                taken = set(outcome.taken)
+                existing += [t for t in targets if t[0] in taken and not modes.is_grant(t[1])]
+            existing = bottom_up(existing)
             items = yield from self._bulk_steps(
                 self._acquire_items(existing, holder, request), "acquire", retry_for=0, deadline=deadline
             )
@@ -287,9 +441,17 @@ class Protocol:
         return outcome
 
     def _acquire_items(
-        self, batch: Sequence[tuple[Node, modes.Mode]], holder: dict[str, Any], request: LockRequest
+        self,
+        batch: Sequence[tuple[Node, modes.Mode]],
+        holder: dict[str, Any],
+        request: LockRequest,
+        gone: Mapping[str, list[list[Any]]] | None = None,
     ) -> list[dict[str, Any]]:
-        """Return the ``_bulk`` lines of ACQUIRE for ``batch``, asking for the holders back where they are read."""
+        """Return the ``_bulk`` lines of ACQUIRE for ``batch``, asking for the holders back where they are read.
+
+        ``gone``: per node id, ancestor entries shown to hold no more (see
+        "Ancestors"); the entries this process left on a node go too.
+        """
         fields = ["lock_count"]  # a refusal by a full node is told apart (see refusal_reason)
         if request.reentrant or request.ticket is not None:  # its holder or marker (see read_acquire_items)
             fields += ["holders.id", "waiters.id"]
@@ -297,18 +459,21 @@ class Protocol:
             fields += ["waiters.ticket", "waiters.mode"]
         if request.holder_limit is not None:  # the limit that stands (see Grant.holder_limit)
             fields.append("holder_limit")
-        return [
-            op
-            for node, mode in batch
-            for op in self._scripted(
+        # On a main node, the ancestor entries that may refuse it (see answers.suspects).
+        main_fields = sorted({*fields, *answers.SUSPECT_FIELDS})
+        operations = []
+        for node, mode in batch:
+            params = self._acquire_params(node, mode, holder, request)
+            params["gone"] = self._take_left(node) + list((gone or {}).get(node.id, ()))
+            operations += self._scripted(
                 node,
                 scripts.ACQUIRE,
-                self._acquire_params(node, mode, holder, request),
-                fields=fields,
+                params,
+                fields=main_fields if modes.is_grant(mode) else fields,
                 scripted_upsert=True,
                 upsert={},
             )
-        ]
+        return operations
 
     def _acquire_params(
         self, node: Node, mode: modes.Mode, holder: dict[str, Any], request: LockRequest
@@ -466,10 +631,15 @@ class Protocol:
         return await adrive(self._grant_release_steps(grant), self.aperform)
 
     def _grant_release_steps(self, grant: Grant) -> Steps[bool]:
-        """Release ``grant``; its main nodes (S or X), where requests queue, get RELEASE behind their delete."""
+        """Release ``grant``; its main nodes (S or X), where requests queue, get RELEASE behind their delete.
+
+        Its entries on ancestors it shares stay behind (see "Ancestors").
+        """
         request = grant.request
         mains = frozenset(node.id for node, mode in request.targets if modes.is_grant(mode))
-        return self._release_steps(request.holder_id, request.owner.key, grant.taken, behind=mains)
+        return self._release_steps(
+            request.holder_id, request.owner.key, grant.taken, behind=mains, leave=self._may_leave(request)
+        )
 
     def _release_steps(
         self,
@@ -479,6 +649,7 @@ class Protocol:
         *,
         quiet: bool = False,
         behind: frozenset[str] = frozenset(),
+        leave: frozenset[str] = frozenset(),
     ) -> Steps[bool]:
         """Remove ``holder_id`` (of ``owner_key``, or anyone's) from ``nodes``; True if it was on all.
 
@@ -492,10 +663,15 @@ class Protocol:
         more per release, one round trip less per release someone waited
         for). A release resent after a lost answer (:meth:`_call_steps`) may
         find the holder gone by its own first send: then a missing holder does
-        not count as lost.
+        not count as lost. A node of ``leave`` (an ancestor) is not written
+        unless this holder alone wrote it (the delete): its entry stays behind
+        (see "Ancestors"), and so does one whose delete found the node changed.
         """
         sole = self._forget_sole(holder_id)
+        left = [node for node in nodes if node.id in leave and node.id not in sole]
+        nodes = [node for node in nodes if node not in left]
         if not nodes:
+            self._note_left(holder_id, left)
             return True
         # Quiet, the caller is failing already: a short try, and the lease ends what it leaves.
         retry_for = QUIET_RELEASE_RETRY if quiet else None
@@ -531,6 +707,8 @@ class Protocol:
                 for node, item in zip(nodes, items, strict=True)
                 if "delete" in item and answers.result(item) != "deleted"
             ]
+            left += [node for node in changed if node.id in leave]
+            changed = [node for node in changed if node.id not in leave]
             scripted = [(node, item) for node, item in zip(nodes, items, strict=True) if "update" in item]
             if changed:
                 operations = [op for node in changed for op in self._scripted(node, scripts.RELEASE, params)]
@@ -542,6 +720,7 @@ class Protocol:
             if quiet:
                 return False  # the lease will end it; the caller is already failing
             raise
+        self._note_left(holder_id, left)
         deleted = [node for node, item in zip(nodes, items, strict=True) if answers.result(item) == "deleted"]
         self._note_existing([], deleted + [node for node, item in scripted if answers.result(item) == "deleted"])
         all_there = True
@@ -587,6 +766,36 @@ class Protocol:
             doc.get("found") and answers.released_here(doc.get("_source") or {}, holder_id, owner_key)
             for doc in answer["docs"]
         )
+
+    def _left_behind_steps(self, sources: Sequence[Mapping[str, Any]]) -> Steps[set[tuple[str, str]]]:
+        """Return (node id, holder id) of the ancestor entries in ``sources`` whose holder is not on its main node.
+
+        For listings and the waiting state, which show who holds: an entry
+        left behind (see "Ancestors") holds nothing. The main nodes are read
+        with a realtime ``mget``; one that cannot be read keeps its entries.
+        """
+        where: dict[str, str] = {}  # main node id -> its lock index
+        for source in sources:
+            for h in source.get("holders") or ():
+                if h.get("main") and not modes.is_grant(h["mode"]):
+                    where[h["main"]] = self.index_of(source["namespace"])
+        if not where:
+            return set()
+        docs = [
+            {"_index": index, "_id": main, "_source": {"includes": ["holders.id"]}} for main, index in where.items()
+        ]
+        read = StoreCall("mget", {"docs": docs, "realtime": True})
+        answer = yield from self._call_steps("read the main nodes of ancestor entries", read)
+        holding: dict[str, set[str]] = {}
+        for main, doc in zip(where, answer["docs"], strict=True):
+            if "error" not in doc:
+                holding[main] = {h["id"] for h in (doc.get("_source") or {}).get("holders") or ()}
+        return {
+            (Node(source["namespace"], Kind(source["kind"]), source["key"]).id, h["id"])
+            for source in sources
+            for h in source.get("holders") or ()
+            if h.get("main") in holding and not modes.is_grant(h["mode"]) and h["id"] not in holding[h["main"]]
+        }
 
     def renew(
         self,
@@ -699,4 +908,5 @@ class Protocol:
                 )
                 docs = (yield from self._call_steps("read waiting requests", mget)).get("docs", ())
                 sources.extend(doc["_source"] for doc in docs if doc.get("found"))
-        return answers.wait_state_of(sources, now_ms)
+        marked = [source for source in sources if answers.markers(source)]
+        return answers.wait_state_of(sources, now_ms, left=(yield from self._left_behind_steps(marked)))

@@ -190,12 +190,25 @@ ACQUIRE = (
 // conflict would: Elasticsearch refuses a document with more nested objects
 // than the index's `index.mapping.nested_objects.limit`.
 //
+// Intention entries left behind (protocol.py, "Ancestors"): params.gone
+// lists [id, acquired_at] of entries that no longer hold (acquired_at null:
+// any of that id; else only that write of it). They are dropped, and neither
+// count nor refuse. A holder written again keeps a later acquired_at than its
+// entry had, so an entry found gone is never confused with its rewrite.
+//
 // The first pass only decides; the lists to write are built only for a
 // write: a refused poll of a busy node copies none of its markers (noida-db
 // copies each entry added to a list, ~0.1 ms each).
 long now = ctx._now;
 long delay = params.lock_delay_ms;
 long cut = now - delay;
+Map gone = new HashMap();
+if (params.gone != null) {
+  for (def g : params.gone) {
+    gone.put(g[0], g[1] == null ? -1L : g[1]);
+  }
+}
+long previousAt = -1;
 int held = 0;
 boolean refused = false;
 boolean reentered = false;
@@ -204,7 +217,17 @@ if (ctx._source.holders != null) {
   for (def h : ctx._source.holders) {
     long expiresAt = h.expires_at;
     boolean live = expiresAt > now;
-    if (h.id != params.holder.id && (expiresAt > cut || h.intent != null || h.has_intent != null)) {
+    boolean left = false;
+    if (gone.containsKey(h.id)) {
+      long at = gone.get(h.id);
+      long written = h.acquired_at;
+      left = at == -1 || at == written;
+    }
+    if (h.id == params.holder.id) {
+      long written = h.acquired_at;
+      previousAt = written;
+    }
+    if (h.id != params.holder.id && !left && (expiresAt > cut || h.intent != null || h.has_intent != null)) {
       held++;
       if (live && h.owner.key == params.holder.owner.key) {
         inside = true;
@@ -284,7 +307,13 @@ if (reentered) {
   if (ctx._source.holders != null) {
     for (def h : ctx._source.holders) {
       long expiresAt = h.expires_at;
-      if (h.id != params.holder.id && (expiresAt > cut || h.intent != null || h.has_intent != null)) {
+      boolean left = false;
+      if (gone.containsKey(h.id)) {
+        long at = gone.get(h.id);
+        long written = h.acquired_at;
+        left = at == -1 || at == written;
+      }
+      if (h.id != params.holder.id && !left && (expiresAt > cut || h.intent != null || h.has_intent != null)) {
         kept.add(h);
       }
     }
@@ -310,7 +339,7 @@ if (reentered) {
   } else {
     Map holder = new HashMap();
     holder.putAll(params.holder);
-    holder.acquired_at = now;
+    holder.acquired_at = previousAt >= now ? previousAt + 1 : now;
     holder.expires_at = now + params.ttl_ms;
     kept.add(holder);
     ctx._source.namespace = params.node.namespace;

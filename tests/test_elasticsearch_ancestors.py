@@ -1,0 +1,191 @@
+"""Shared ancestors on Elasticsearch: a release leaves its IS/IX entry there, and nobody is held back by it.
+
+The rules (see "Ancestors" in the protocol module): a release writes its
+main node and the ancestors it alone wrote, not the ancestors it shares; an
+entry left behind names its main node, where anyone it refuses reads whether
+it still holds, and asks again with it as ``gone``; this process's next write
+of that ancestor drops what it left there; an entry is written only after its
+main node was taken (deepest first, and again behind a main node taken in a
+later ``_bulk``), and a ``gone`` entry is dropped only as it was read.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from django_esdlock import lock_tree
+from django_esdlock.conf import load_backend
+from django_esdlock.records import Kind, Node
+from django_esdlock.steps import drive
+
+from .stores import es_store
+from .stores import node_source as source
+from .stores import tree_request as tree
+
+
+@pytest.fixture
+def config(es_url):
+    with es_store(es_url) as config:
+        yield config
+
+
+@pytest.fixture
+def backends(config):
+    """Three backends on one lock index: three processes, as far as what each remembers goes."""
+    made = [load_backend(config) for _ in range(3)]
+    made[0].setup()
+    yield made
+    for backend in made:
+        backend.close()
+
+
+def recorded(backend):
+    """Record the ``_bulk`` items ``backend`` sends, as lists of (verb, node id)."""
+    sent = []
+    perform = backend.perform
+
+    def recording(call):
+        if call.name == "bulk":
+            lines = iter(call.kwargs["operations"])
+            items = []
+            for action in lines:
+                ((verb, header),) = action.items()
+                if verb != "delete":
+                    next(lines)
+                items.append((verb, header["_id"]))
+            sent.append(items)
+        return perform(call)
+
+    backend.perform = recording
+    return sent
+
+
+def node_id(path):
+    return Node("fs", Kind.TREE, path).id
+
+
+def test_a_release_writes_no_ancestor_it_shares(backends):
+    first, second, _ = backends
+    one = first.acquire(tree(("/t", "IX"), ("/t/x", "X")))
+    other = second.acquire(tree(("/t", "IX"), ("/t/y", "X")))
+    sent = recorded(second)
+    assert second.release(other) is True
+    (release,) = sent
+    assert {node for _, node in release} == {node_id("/t/y")}  # /t is not written
+    assert sorted(h["id"] for h in source(first, "/t")["holders"]) == sorted(
+        [one.request.holder_id, other.request.holder_id]
+    )
+    # It holds nothing: neither the listing nor the waiting state shows it.
+    assert [(r.node.key, r.holder_id) for r in first.holders(namespace="fs").holders] == [
+        ("/t", one.request.holder_id),
+        ("/t/x", one.request.holder_id),
+    ]
+    assert [r.holder_id for r in first.node_holders(Node("fs", Kind.TREE, "/t"))] == [one.request.holder_id]
+    assert first.holder_records(other.request.holder_id) == []
+    assert first.release(one) is True
+
+
+def test_an_ancestor_is_granted_at_once_when_its_last_descendant_lets_go(backends):
+    first, second, third = backends
+    one = first.acquire(tree(("/t", "IX"), ("/t/x", "X")))
+    other = second.acquire(tree(("/t", "IX"), ("/t/y", "X")))
+    assert third.acquire(tree(("/t", "X"))) is None  # both hold
+    assert first.release(one) is True
+    assert third.acquire(tree(("/t", "X"))) is None  # one's entry is shown gone, other's is not
+    assert second.release(other) is True
+    taken = third.acquire(tree(("/t", "X")))  # both shown gone on their main nodes: no wait, no lease to run out
+    assert taken is not None
+    assert [h["id"] for h in source(third, "/t")["holders"]] == [taken.request.holder_id]
+    assert first.acquire(tree(("/t", "IX"), ("/t/z", "X"))) is None  # and it excludes the subtree as ever
+    assert third.release(taken) is True
+
+
+def test_a_waiting_exclusive_request_is_granted_soon_after_the_descendant_lets_go(config, backends):
+    first, _, _ = backends
+    one = first.acquire(tree(("/w", "IX"), ("/w/x", "X")))
+    other = first.acquire(tree(("/w", "IX"), ("/w/y", "X")))
+    granted = {}
+
+    def wait():
+        started = time.monotonic()
+        with lock_tree("/w", namespace="fs", timeout=20, backend=load_backend(config)) as lock:
+            granted["after"] = time.monotonic() - started
+            granted["token"] = lock.token
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.5)
+    assert first.release(one) is True
+    time.sleep(0.5)
+    assert "after" not in granted  # other still holds
+    released = time.monotonic()
+    assert first.release(other) is True
+    waiter.join(timeout=20)
+    assert not waiter.is_alive() and granted["token"] > other.token
+    assert granted["after"] < 1.0 + 0.5 + (time.monotonic() - released)  # not a lease (30 s) later
+
+
+def test_this_processes_next_write_drops_what_it_left(backends):
+    first, _, _ = backends
+    anchor = first.acquire(tree(("/o", "IX"), ("/o/keep", "X")))  # /o stays shared
+    for leaf in ("/o/a", "/o/b", "/o/c", "/o/d"):
+        grant = first.acquire(tree(("/o", "IX"), (leaf, "X")))
+        assert first.release(grant) is True
+        ids = [h["id"] for h in source(first, "/o")["holders"]]
+        assert ids == [anchor.request.holder_id, grant.request.holder_id]  # only the latest stays behind
+    assert first.release(anchor) is True
+
+
+def test_an_ancestor_taken_before_its_main_node_is_written_again_behind_it(backends):
+    first, second, _ = backends
+    # /r/m exists (first holds S below it, so IS there): second's S on /r/m finds it with its create and takes
+    # it with ACQUIRE in a second _bulk; /r, created in the first, goes again behind it.
+    below = first.acquire(tree(("/r", "IS"), ("/r/m", "IS"), ("/r/m/n", "S")))
+    sent = recorded(second)
+    shared = second.acquire(tree(("/q", "IS"), ("/q/m", "S")))  # learns nothing of /r: a fresh run
+    assert shared is not None and second.release(shared) is True
+    sent.clear()
+    second._existing.clear()
+    taken = second.acquire(tree(("/r", "IS"), ("/r/m", "S")))
+    assert taken is not None
+    creates, again = sent
+    assert creates == [("create", node_id("/r/m")), ("create", node_id("/r"))]
+    assert again == [("update", node_id("/r/m")), ("update", node_id("/r"))]
+    assert second.release(taken) is True and first.release(below) is True
+
+
+def acquire_directly(backend, request, batch=None, gone=None):
+    """Send ACQUIRE for ``batch`` (default: every node) of ``request`` in one ``_bulk``, with ``gone``; its items."""
+    holder = {"id": request.holder_id, "owner": request.owner.as_dict()}
+    operations = backend._acquire_items(list(batch or request.targets), holder, request, gone)
+    return drive(backend._bulk_steps(operations, "acquire"), backend.perform)
+
+
+def entry_of(backend, path, holder_id):
+    (entry,) = [h for h in source(backend, path)["holders"] if h["id"] == holder_id]
+    return entry
+
+
+def test_a_gone_entry_is_dropped_only_as_it_was_read(backends):
+    first, second, _ = backends
+    request = tree(("/g", "IX"), ("/g/m", "X"))
+    ancestor = request.targets[:1]
+    (item,) = acquire_directly(first, request, ancestor)  # the ancestor alone, as a probe takes it
+    assert item["update"]["result"] == "created"
+    entry = entry_of(first, "/g", request.holder_id)
+    assert entry["main"] == node_id("/g/m")
+    # Written again (as behind a main node taken later): a later acquired_at, even within one millisecond.
+    acquire_directly(first, request, ancestor)
+    rewritten = entry_of(first, "/g", request.holder_id)
+    assert rewritten["acquired_at"] > entry["acquired_at"]
+    exclusive = tree(("/g", "X"))
+    as_read = {node_id("/g"): [[request.holder_id, entry["acquired_at"]]]}
+    (refused,) = acquire_directly(second, exclusive, gone=as_read)  # the entry read then is not this one
+    assert refused["update"]["result"] == "noop"
+    as_now = {node_id("/g"): [[request.holder_id, rewritten["acquired_at"]]]}
+    (granted,) = acquire_directly(second, exclusive, gone=as_now)
+    assert granted["update"]["result"] == "updated"
+    assert [h["id"] for h in source(first, "/g")["holders"]] == [exclusive.holder_id]
