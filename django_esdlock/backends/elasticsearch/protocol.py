@@ -242,9 +242,7 @@ class Protocol:
         outcome = answers.AcquireOutcome([], [], [], 0)
         try:
             if probe:
-                items = yield from self._bulk_steps(
-                    self._acquire_items(probe, holder, request), "acquire", retry_for=0, deadline=deadline
-                )
+                items = yield from self._acquire_bulk_steps(probe, holder, request, deadline)
                 outcome = answers.read_acquire_items(request, items, probe, max_holders=self.max_holders_per_node)
             if not (outcome.refused or outcome.errors or outcome.busy):
                 rest = [t for t in request.targets if t not in probe]
@@ -256,9 +254,7 @@ class Protocol:
                 if gone:
                     # Everything again, deepest first, in one _bulk of ACQUIRE: taken nodes are written again.
                     again = bottom_up(request.targets)
-                    items = yield from self._bulk_steps(
-                        self._acquire_items(again, holder, request, gone), "acquire", retry_for=0, deadline=deadline
-                    )
+                    items = yield from self._acquire_bulk_steps(again, holder, request, deadline, gone)
                     retried = answers.read_acquire_items(request, items, again, max_holders=self.max_holders_per_node)
                     retried.taken = outcome.taken + retried.taken  # what to give back if it fails
                     outcome = retried
@@ -356,20 +352,47 @@ class Protocol:
             while len(self._left_on) > SOLE_HOLDS_KEPT:
                 self._forget_left(next(iter(self._left_on)))  # the oldest: the lease or a reader ends it
 
-    def _take_left(self, node: Node) -> list[list[Any]]:
-        """Return (and forget) the entries this process left on ``node``, as ACQUIRE's ``gone``."""
+    def _left_of(self, node: Node) -> list[str]:
+        """Return the ids of this process's holders that left an entry on ``node`` (sent as ACQUIRE's ``gone``)."""
         with self._sole_lock:
-            left = self._left.pop(node.id, None)
-            if not left:
-                return []
-            for holder_id in left:
-                nodes = self._left_on.get(holder_id)
-                if nodes is not None:
-                    with contextlib.suppress(ValueError):
-                        nodes.remove(node.id)
-                    if not nodes:
-                        del self._left_on[holder_id]
-        return [[holder_id, None] for holder_id in left]
+            return list(self._left.get(node.id, ()))
+
+    def _forget_pruned(
+        self, sent: Mapping[str, list[str]], batch: Sequence[tuple[Node, modes.Mode]], items: Sequence[Any]
+    ) -> None:
+        """Forget the entries ``sent`` as ``gone`` to the nodes of ``batch`` that ACQUIRE wrote (so dropped)."""
+        if not sent:
+            return
+        with self._sole_lock:
+            for (node, _), item in zip(batch, items, strict=True):
+                if node.id not in sent or answers.result(item) not in ("created", "updated"):
+                    continue  # refused without a write: still there, sent again next time
+                left = self._left.get(node.id, {})
+                for holder_id in sent[node.id]:
+                    left.pop(holder_id, None)
+                    nodes = self._left_on.get(holder_id)
+                    if nodes is not None:
+                        with contextlib.suppress(ValueError):
+                            nodes.remove(node.id)
+                        if not nodes:
+                            del self._left_on[holder_id]
+                if not left:
+                    self._left.pop(node.id, None)
+
+    def _acquire_bulk_steps(
+        self,
+        batch: Sequence[tuple[Node, modes.Mode]],
+        holder: dict[str, Any],
+        request: LockRequest,
+        deadline: float,
+        gone: Mapping[str, list[list[Any]]] | None = None,
+    ) -> Steps[list[dict[str, Any]]]:
+        """Send ACQUIRE for ``batch`` in one ``_bulk``; return its items."""
+        sent: dict[str, list[str]] = {}
+        operations = self._acquire_items(batch, holder, request, gone, sent)
+        items = yield from self._bulk_steps(operations, "acquire", retry_for=0, deadline=deadline)
+        self._forget_pruned(sent, batch, items)
+        return items
 
     def _take_steps(
         self,
@@ -394,12 +417,14 @@ class Protocol:
         # ("pipeline with id [null] does not exist"): a plain create only in a bulk of creates (see grants.py).
         plain = not known
         operations = []
+        sent: dict[str, list[str]] = {}
         for node, mode in targets:
             if (node, mode) in known:
-                operations += self._acquire_items([(node, mode)], holder, request)
+                operations += self._acquire_items([(node, mode)], holder, request, sent=sent)
             else:
                 operations += self._fresh_item(node, mode, holder, request, plain=plain)
         items = yield from self._bulk_steps(operations, "acquire", retry_for=0, deadline=deadline)
+        self._forget_pruned(sent, targets, items)
         existing = []
         answered = []
         created = []
@@ -430,9 +455,7 @@ class Protocol:
                 taken = set(outcome.taken)
                 existing += [t for t in targets if t[0] in taken and not modes.is_grant(t[1])]
             existing = bottom_up(existing)
-            items = yield from self._bulk_steps(
-                self._acquire_items(existing, holder, request), "acquire", retry_for=0, deadline=deadline
-            )
+            items = yield from self._acquire_bulk_steps(existing, holder, request, deadline)
             outcome = answers.merge(
                 outcome, answers.read_acquire_items(request, items, existing, max_holders=self.max_holders_per_node)
             )
@@ -446,11 +469,13 @@ class Protocol:
         holder: dict[str, Any],
         request: LockRequest,
         gone: Mapping[str, list[list[Any]]] | None = None,
+        sent: dict[str, list[str]] | None = None,
     ) -> list[dict[str, Any]]:
         """Return the ``_bulk`` lines of ACQUIRE for ``batch``, asking for the holders back where they are read.
 
         ``gone``: per node id, ancestor entries shown to hold no more (see
-        "Ancestors"); the entries this process left on a node go too.
+        "Ancestors"); the entries this process left on a node go too, and
+        are noted in ``sent`` (see :meth:`_forget_pruned`).
         """
         fields = ["lock_count"]  # a refusal by a full node is told apart (see refusal_reason)
         if request.reentrant or request.ticket is not None:  # its holder or marker (see read_acquire_items)
@@ -464,7 +489,10 @@ class Protocol:
         operations = []
         for node, mode in batch:
             params = self._acquire_params(node, mode, holder, request)
-            params["gone"] = self._take_left(node) + list((gone or {}).get(node.id, ()))
+            own = self._left_of(node)
+            if own and sent is not None:
+                sent[node.id] = own
+            params["gone"] = [[holder_id, None] for holder_id in own] + list((gone or {}).get(node.id, ()))
             operations += self._scripted(
                 node,
                 scripts.ACQUIRE,
