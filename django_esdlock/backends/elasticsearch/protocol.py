@@ -187,7 +187,8 @@ class Protocol:
         """holder id -> the nodes that refused its last attempt for keeping max_holders_per_node holders."""
         self._left: dict[str, dict[str, None]] = {}
         """node id -> ids of this process's holders released without a write there (shared ancestors): sent as
-        ``gone`` with the next ACQUIRE of that node."""
+        ``gone`` with the next ACQUIRE of that node, which drops every entry of that id. Only grants' releases
+        leave entries: a released holder id never writes again (a refused request, which may, gives back all)."""
         self._left_on: dict[str, list[str]] = {}
         """holder id -> the nodes of ``_left`` where it stays: forgotten when that holder writes again (a retry)."""
 
@@ -272,9 +273,9 @@ class Protocol:
             failed = bool(outcome.errors or outcome.busy)
             # A busy item may have been written all the same (to too few shard copies): give back every node.
             given_back = [n for n, _ in request.targets] if outcome.busy else outcome.taken
-            yield from self._release_steps(
-                request.holder_id, request.owner.key, given_back, quiet=failed, leave=self._may_leave(request)
-            )
+            # Written back at once, ancestors too: a waiting request writes again under the same holder id, so no
+            # entry of it may stay behind for this process to drop later (see _left).
+            yield from self._release_steps(request.holder_id, request.owner.key, given_back, quiet=failed)
             if outcome.errors:
                 raise LockBackendUnavailable(f"Elasticsearch refused the acquire: {'; '.join(outcome.errors)}")
             if not outcome.refused:
