@@ -345,7 +345,7 @@ class Reaper:
             return
         self._release(lock, main, entry, report)
         report.recovered.append(entry)
-        logger.info("recovered %s (%s) under token %s", main.node, intent.get("op"), grant.token)
+        # Its line ("recovered holder ..."), with the holder's fields, is logged by a receiver of this signal.
         signals.send(signals.lock_recovered, sender=type(self), holder=main, lock=lock)
 
     def _release(self, lock: Lock, main: HolderRecord, entry: dict[str, Any], report: ReapReport) -> None:

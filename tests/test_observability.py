@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 from django_esdlock import (
+    LockBackendUnavailable,
     LockDeadlock,
     LockLost,
     LockTimeout,
@@ -123,6 +124,17 @@ def test_pairs_are_counted_exactly(backend, registry, namespace):
     requests = {"store": store, "outcome": "ok"}
     assert value(registry, "esdlock_store_request_seconds_count", **requests, operation="acquire") >= PAIRS + 2
     assert value(registry, "esdlock_store_request_seconds_count", **requests, operation="release") >= PAIRS + 2
+
+
+def test_a_call_with_no_time_left_is_no_store_request(backend, registry, namespace):
+    with lock_tree("/obs/late", namespace=namespace, backend=backend) as lock:
+        with pytest.raises(LockBackendUnavailable, match="no time left"):
+            backend.renew(lock.grant, timeout=0)
+    samples = [s for metric in registry.collect() for s in metric.samples]
+    renewals = [
+        s for s in samples if s.name == "esdlock_store_request_seconds_count" and s.labels["operation"] == "renew"
+    ]
+    assert renewals == []
 
 
 def _held_elsewhere(path: str, namespace: str, backend, held: threading.Event, done: threading.Event) -> None:
@@ -330,6 +342,25 @@ def test_reaped_holders_are_counted(backend, registry, namespace):
     with pytest.raises(LockLost):
         lock.release()
     assert value(registry, "esdlock_reaped_total", namespace=namespace) == 2  # one per node record
+
+
+def test_a_recovery_is_counted_and_logs_one_line(backend, registry, namespace, caplog, tmp_path):
+    from . import handlers  # noqa: F401 - registers the "test-append" recovery handler
+
+    out = tmp_path / "recovered.jsonl"
+    lock = lock_tree(
+        "/obs/intent", namespace=namespace, intent={"op": "test-append", "file": str(out)}, backend=backend
+    )
+    lock.acquire()
+    expire(backend, lock.holder_id)
+    with caplog.at_level(logging.INFO, logger="django_esdlock"):
+        report = Reaper(backend, namespace=namespace).run()
+    with pytest.raises(LockLost):
+        lock.release()
+    assert len(report.recovered) == 1 and len(out.read_text().splitlines()) == 1
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("recovered")]
+    assert line.getMessage().startswith("recovered holder ") and line.namespace == namespace
+    assert value(registry, "esdlock_recovered_total", namespace=namespace) == 1
 
 
 def test_nothing_is_recorded_when_switched_off(backend, namespace):

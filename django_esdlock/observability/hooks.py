@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import time
 from typing import Any
 
@@ -21,28 +20,37 @@ _acquiring: contextvars.ContextVar[AcquireWatch | None] = contextvars.ContextVar
 
 
 class AcquireWatch:
-    """One acquire call: its ``esdlock_acquire_seconds``, its ``esdlock.acquire`` span, its slow-wait line."""
+    """One acquire call: its ``esdlock_acquire_seconds``, its ``esdlock.acquire`` span, its slow-wait line.
 
-    __slots__ = ("_reset", "_token", "lock", "outer", "span", "started", "state")
+    Its lock's labels are found once, here, for the acquire and the hold it may begin (:func:`holding`).
+    """
+
+    __slots__ = ("_reset", "_token", "labels", "lock", "outer", "span", "started", "state")
 
     def __init__(self, lock: Any) -> None:
         self.lock = lock
         self.state = state()
+        self.labels: tuple[str, str, str] | None = None
         self.span: Any = None
         self.outer: Any = None
 
     def __enter__(self) -> AcquireWatch:
         self.started = time.monotonic()
         self._reset = _acquiring.set(self)
-        if self.state.tracing is not None:
-            self._begin_span()
+        current = self.state
+        if current.metrics is not None or current.tracing is not None:
+            self._begin()
         return self
 
     @never_raises
-    def _begin_span(self) -> None:
-        lock, tracing = self.lock, self.state.tracing
-        store, namespace, kind = lock_labels(lock)
+    def _begin(self) -> None:
+        lock = self.lock
+        self.labels = labels = lock_labels(lock)
+        tracing = self.state.tracing
+        if tracing is None:
+            return
         self.outer = tracing.current_context()
+        store, namespace, kind = labels
         self.span = tracing.begin(
             "esdlock.acquire",
             {
@@ -59,22 +67,31 @@ class AcquireWatch:
 
     def __exit__(self, exc_type: Any, error: BaseException | None, tb: Any) -> None:
         _acquiring.reset(self._reset)
-        self._report(time.monotonic() - self.started, error)
+        current = self.state
+        waited = time.monotonic() - self.started
+        if self.labels is not None or (error is None and current.slow_wait is not None and waited > current.slow_wait):
+            self._report(waited, error)
 
     @never_raises
     def _report(self, waited: float, error: BaseException | None) -> None:
         outcome = outcome_of(error)
         lock, current = self.lock, self.state
-        if current.metrics is not None:
-            current.metrics.acquired(lock_labels(lock), outcome, waited)
+        if current.metrics is not None and self.labels is not None:
+            current.metrics.acquired(self.labels, outcome, waited)
         if error is None and current.slow_wait is not None and waited > current.slow_wait:
             logs.slow_grant(lock, waited, current.slow_wait)
-        if self.span is not None:
-            current.tracing.restore(self._token)
-            attributes: dict[str, Any] = {"esdlock.outcome": outcome, "esdlock.waited_seconds": waited}
-            if lock.token is not None:
-                attributes["esdlock.token"] = lock.token
-            current.tracing.end(self.span, attributes, error if outcome == "error" else None)
+        span = self.span
+        if span is not None:
+            tracing = current.tracing
+            tracing.restore(self._token)
+            if span.is_recording():
+                # One by one: the SDK checks a dict of attributes against the Mapping and Sequence ABCs first.
+                span.set_attribute("esdlock.outcome", outcome)
+                span.set_attribute("esdlock.waited_seconds", waited)
+                token = lock.token
+                if token is not None:
+                    span.set_attribute("esdlock.token", token)
+            tracing.end(span, error if outcome == "error" else None)
 
 
 def acquiring(lock: Any) -> AcquireWatch:
@@ -115,13 +132,15 @@ def deadlock_victim(lock: Any, described: str, cycle: Any) -> None:
 # --- holding -------------------------------------------------------------------
 
 
-@dataclasses.dataclass
 class Hold:
     """What the hooks keep of a held lock, from its grant to its end."""
 
-    started: float
-    labels: tuple[str, str, str]
-    span: Any
+    __slots__ = ("labels", "span", "started")
+
+    def __init__(self, started: float, labels: tuple[str, str, str], span: Any) -> None:
+        self.started = started
+        self.labels = labels
+        self.span = span
 
 
 @never_raises
@@ -129,22 +148,28 @@ def holding(lock: Any) -> None:
     """``lock`` was granted: count it held, start its ``esdlock.hold`` span (a sibling of its acquire's)."""
     lock.__dict__.pop("_observed_loss", None)  # a lock object taken again may be lost again
     current = state()
-    if current.metrics is None and current.tracing is None:
+    metrics, tracing = current.metrics, current.tracing
+    if metrics is None and tracing is None:
         return
-    labels = lock_labels(lock)
+    watch = _acquiring.get()
+    if watch is not None and watch.lock is not lock:
+        watch = None  # a lock held without an acquire (a reaper's takeover, a resumed ticket)
+    labels = watch.labels if watch is not None and watch.labels is not None else lock_labels(lock)
     span = None
-    if current.tracing is not None:
-        watch = _acquiring.get()
-        namespace = labels[1]
+    if tracing is not None:
+        grant = lock.grant
         # What finds the hold beside its acquire (same parent); the rest is on the acquire span.
-        attributes = {
-            "esdlock.namespace": namespace,
-            "esdlock.token": lock.token if lock.token is not None else -1,
-            "esdlock.holder_id": lock.holder_id or "",
-        }
-        span = current.tracing.begin("esdlock.hold", attributes, None if watch is None else watch.outer)
-    if current.metrics is not None:
-        current.metrics.hold_began(labels[0], labels[1])
+        span = tracing.begin(
+            "esdlock.hold",
+            {
+                "esdlock.namespace": labels[1],
+                "esdlock.token": grant.token if grant is not None else -1,
+                "esdlock.holder_id": grant.request.holder_id if grant is not None else "",
+            },
+            None if watch is None else watch.outer,
+        )
+    if metrics is not None:
+        metrics.hold_began(labels)
     lock.__dict__["_observed_hold"] = Hold(time.monotonic(), labels, span)
 
 
@@ -156,10 +181,13 @@ def _end_hold(lock: Any, outcome: str, event: str | None, attributes: dict[str, 
     current = state()
     if current.metrics is not None:
         current.metrics.hold_ended(hold.labels, outcome, time.monotonic() - hold.started)
-    if hold.span is not None and current.tracing is not None:
-        if event is not None:
-            current.tracing.event(hold.span, event, attributes)
-        current.tracing.end(hold.span, {"esdlock.outcome": outcome})
+    span = hold.span
+    if span is not None and current.tracing is not None:
+        if span.is_recording():
+            if event is not None:
+                span.add_event(event, attributes)
+            span.set_attribute("esdlock.outcome", outcome)
+        span.end()
 
 
 @never_raises
@@ -276,7 +304,7 @@ class ReapWatch:
     def __exit__(self, exc_type: Any, error: BaseException | None, tb: Any) -> None:
         if self.span is not None:
             self.tracing.restore(self._token)
-            self.tracing.end(self.span, {}, error)
+            self.tracing.end(self.span, error)
 
 
 def reaping(backend: Any, namespace: str | None, dry_run: bool) -> ReapWatch:

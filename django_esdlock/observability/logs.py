@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import signals
-from ..modes import is_grant
+from ..modes import Mode, is_grant
 from ..records import HolderRecord
 
 logger = logging.getLogger("django_esdlock")
@@ -23,9 +23,13 @@ MAX_TARGETS = 10
 MAX_TARGET_CHARS = 200
 
 
+_GRANTS = frozenset(mode for mode in Mode if is_grant(mode))
+"""The modes of the nodes a lock names (S, X), as a set: ``target_names`` runs at each acquire."""
+
+
 def target_names(lock: Any) -> list[str]:
     """The paths, ids or names ``lock`` was asked for (its S/X nodes, not the ancestors), truncated."""
-    keys = [node.key for node, mode in lock.targets if is_grant(mode)] or [lock.targets[-1][0].key]
+    keys = [node.key for node, mode in lock.targets if mode in _GRANTS] or [lock.targets[-1][0].key]
     return truncated(keys)
 
 

@@ -100,19 +100,37 @@ class LockMetrics:
             series = self._children[key] = metric.labels(*labels)
         return series
 
+    def _lock_series(self, metric: Any, labels: tuple[str, ...], outcome: str) -> Any:
+        """The child of ``metric`` for a lock's ``labels`` and ``outcome``, kept under a key made of both.
+
+        The hot path of a lock pair: no tuple of labels is built, no varargs.
+        """
+        key = (metric, labels, outcome)
+        series = self._children.get(key)
+        if series is None:
+            series = self._children[key] = metric.labels(*labels, outcome)
+        return series
+
     def acquired(self, labels: tuple[str, str, str], outcome: str, seconds: float) -> None:
         with guard:
-            self._series(self.acquire_seconds, *labels, outcome).observe(seconds)
+            self._lock_series(self.acquire_seconds, labels, outcome).observe(seconds)
 
-    def hold_began(self, store: str, namespace: str) -> None:
+    def _held_series(self, labels: tuple[str, str, str]) -> Any:
+        """The ``esdlock_held`` child of a lock's labels (its ``store`` and ``namespace``)."""
+        key = (self.held, labels)
+        series = self._children.get(key)
+        if series is None:
+            series = self._children[key] = self.held.labels(labels[0], labels[1])
+        return series
+
+    def hold_began(self, labels: tuple[str, str, str]) -> None:
         with guard:
-            self._series(self.held, store, namespace).inc()
+            self._held_series(labels).inc()
 
     def hold_ended(self, labels: tuple[str, str, str], outcome: str, seconds: float) -> None:
-        store, namespace, _ = labels
         with guard:
-            self._series(self.held, store, namespace).dec()
-            self._series(self.held_seconds, *labels, outcome).observe(seconds)
+            self._held_series(labels).dec()
+            self._lock_series(self.held_seconds, labels, outcome).observe(seconds)
 
     def lock_lost(self, store: str, namespace: str, reason: str) -> None:
         with guard:

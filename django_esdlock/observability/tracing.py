@@ -51,9 +51,9 @@ class LockTracing:
     def restore(self, token: object) -> None:
         context.detach(token)  # type: ignore[arg-type]
 
-    def end(self, span: Span, attributes: Attributes, error: BaseException | None = None) -> None:
-        span.set_attributes(attributes)
-        if error is not None:
+    def end(self, span: Span, error: BaseException | None = None) -> None:
+        """End ``span``, its status an error if ``error`` is given."""
+        if error is not None and span.is_recording():
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:500]))
         span.end()
 

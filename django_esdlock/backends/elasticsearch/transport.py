@@ -255,8 +255,9 @@ class Transport:
         for attempt in itertools.count():
             share = 0.5 if len(self.hosts) > 1 and resends == 0 else 1.0
             try:
+                sent = bounded(call, action, deadline, share)  # no time left: no round trip, none counted
                 with observability.store_request(self, action), self._translate(action):
-                    return (yield bounded(call, action, deadline, share))
+                    return (yield sent)
             except LockStoreBusy:
                 delay = backoff_delay(attempt, cap=BUSY_BACKOFF_CAP)
                 if time.monotonic() + delay > min(busy_until, math.inf if deadline is None else deadline):
