@@ -301,6 +301,30 @@ def test_spans_are_children_of_the_callers_span_and_carry_the_attributes(backend
     assert [e.name for e in hold.events] == ["checkpoint"]
 
 
+def test_a_hold_is_traced_only_when_its_acquire_is(backend, namespace):
+    """One sampling decision per lock pair: a sampler that would take the hold alone takes neither."""
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+    class HoldsOnly(Sampler):
+        def should_sample(self, parent_context, trace_id, name, *args, **kwargs):
+            return SamplingResult(Decision.RECORD_AND_SAMPLE if name == "esdlock.hold" else Decision.DROP)
+
+        def get_description(self):
+            return "holds only"
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=HoldsOnly())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observability.use(dataclasses.replace(observability.state(), tracing=LockTracing(provider)))
+    try:
+        with lock_tree("/obs/sampled", namespace=namespace, backend=backend):
+            pass
+        assert exporter.get_finished_spans() == ()  # the acquire was dropped, so its hold was not begun
+    finally:
+        observability.use(None)
+        provider.shutdown()
+
+
 def test_a_wait_shows_its_rounds_and_its_outcome(backend, exporter, namespace):
     held, done = threading.Event(), threading.Event()
     holder = threading.Thread(target=_held_elsewhere, args=("/obs/waited", namespace, backend, held, done))

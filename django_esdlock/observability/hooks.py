@@ -156,7 +156,10 @@ def holding(lock: Any) -> None:
         watch = None  # a lock held without an acquire (a reaper's takeover, a resumed ticket)
     labels = watch.labels if watch is not None and watch.labels is not None else lock_labels(lock)
     span = None
-    if tracing is not None:
+    # A hold whose acquire was sampled out is not traced either: one decision per lock pair, not two (the hold
+    # is a second root when the caller has no span, and the sampler would draw for it again).
+    sampled_out = watch is not None and watch.span is not None and not watch.span.is_recording()
+    if tracing is not None and not sampled_out:
         grant = lock.grant
         # What finds the hold beside its acquire (same parent); the rest is on the acquire span.
         span = tracing.begin(
