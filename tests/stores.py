@@ -17,6 +17,7 @@ __all__ = [
     "free_port",
     "local_elasticsearch",
     "node_source",
+    "recorded_bulks",
     "tree_request",
 ]
 
@@ -38,6 +39,25 @@ def node_source(backend: Any, key: str) -> dict | None:
 
     response = backend.client.options(ignore_status=404).get(index=backend.index, id=Node("fs", Kind.TREE, key).id)
     return response["_source"] if response.get("found") else None
+
+
+def recorded_bulks(backend: Any) -> list[list[tuple[str, dict, dict | None]]]:
+    """Record the ``_bulk`` bodies ``backend`` sends from now on: a list of lists of (verb, header, body)."""
+    sent: list[list[tuple[str, dict, dict | None]]] = []
+    perform = backend.perform
+
+    def recording(call: Any) -> Any:
+        if call.name == "bulk":
+            lines = iter(call.kwargs["operations"])
+            items = []
+            for action in lines:
+                ((verb, header),) = action.items()
+                items.append((verb, header, None if verb == "delete" else next(lines)))
+            sent.append(items)
+        return perform(call)
+
+    backend.perform = recording
+    return sent
 
 
 def es_config(url: str, *, ttl: float = 30.0) -> dict:

@@ -18,6 +18,7 @@ from django_esdlock.records import Kind, Node
 
 from .stores import ES_BACKEND, es_store
 from .stores import node_source as source
+from .stores import recorded_bulks as recorded
 from .stores import tree_request as tree
 
 
@@ -36,25 +37,6 @@ def own_pipeline(store):
     backend = load_backend(config)
     backend.client.options(ignore_status=404).ingest.delete_pipeline(id=name)
     backend.close()
-
-
-def recorded(backend):
-    """Record the ``_bulk`` bodies ``backend`` sends: a list of lists of (verb, header, body)."""
-    sent = []
-    perform = backend.perform
-
-    def recording(call):
-        if call.name == "bulk":
-            lines = iter(call.kwargs["operations"])
-            items = []
-            for action in lines:
-                ((verb, header),) = action.items()
-                items.append((verb, header, None if verb == "delete" else next(lines)))
-            sent.append(items)
-        return perform(call)
-
-    backend.perform = recording
-    return sent
 
 
 @pytest.mark.parametrize(

@@ -335,12 +335,22 @@ class Protocol:
 
     def _forget_left(self, holder_id: str) -> None:
         """Forget the entries ``holder_id`` left behind (call with ``_sole_lock`` held)."""
-        for node_id in self._left_on.pop(holder_id, ()):
-            left = self._left.get(node_id)
-            if left is not None:
-                left.pop(holder_id, None)
-                if not left:
-                    del self._left[node_id]
+        for node_id in list(self._left_on.get(holder_id, ())):
+            self._drop_left(holder_id, node_id)
+
+    def _drop_left(self, holder_id: str, node_id: str) -> None:
+        """Forget the entry ``holder_id`` left on ``node_id`` (call with ``_sole_lock`` held)."""
+        left = self._left.get(node_id)
+        if left is not None:
+            left.pop(holder_id, None)
+            if not left:
+                del self._left[node_id]
+        nodes = self._left_on.get(holder_id)
+        if nodes is not None:
+            with contextlib.suppress(ValueError):
+                nodes.remove(node_id)
+            if not nodes:
+                del self._left_on[holder_id]
 
     def _note_left(self, holder_id: str, nodes: Sequence[Node]) -> None:
         """Remember that ``holder_id`` was released from ``nodes`` without a write there."""
@@ -368,17 +378,8 @@ class Protocol:
             for (node, _), item in zip(batch, items, strict=True):
                 if node.id not in sent or answers.result(item) not in ("created", "updated"):
                     continue  # refused without a write: still there, sent again next time
-                left = self._left.get(node.id, {})
                 for holder_id in sent[node.id]:
-                    left.pop(holder_id, None)
-                    nodes = self._left_on.get(holder_id)
-                    if nodes is not None:
-                        with contextlib.suppress(ValueError):
-                            nodes.remove(node.id)
-                        if not nodes:
-                            del self._left_on[holder_id]
-                if not left:
-                    self._left.pop(node.id, None)
+                    self._drop_left(holder_id, node.id)
 
     def _acquire_bulk_steps(
         self,
