@@ -173,3 +173,15 @@ def test_a_gone_entry_is_dropped_only_as_it_was_read(backends):
     (granted,) = acquire_directly(second, exclusive, gone=as_now)
     assert granted["update"]["result"] == "updated"
     assert [h["id"] for h in source(first, "/g")["holders"]] == [exclusive.holder_id]
+
+
+def test_a_listing_page_is_filled_with_nodes_that_hold(backends):
+    first, second, third = backends
+    grants = [first.acquire(tree(("/s", "IX"), ("/s/k", "X"))), second.acquire(tree(("/s", "IX"), ("/s/m", "X")))]
+    assert first.release(grants[0]) is True and second.release(grants[1]) is True
+    assert len(source(first, "/s")["holders"]) == 2  # left behind by both: /s shows nobody
+    held = third.acquire(tree(("/u", "X")))
+    page = third.holders(namespace="fs", limit=1)  # "/s" sorts first: the page reads on to "/u"
+    assert [(r.node.key, r.holder_id) for r in page.holders] == [("/u", held.request.holder_id)]
+    assert third.holders(namespace="fs", limit=1, cursor=page.next_cursor).holders == []
+    assert third.release(held) is True

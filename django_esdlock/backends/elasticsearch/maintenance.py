@@ -144,17 +144,24 @@ class Maintenance:
         body: dict[str, Any] = {"query": {"bool": {"filter": filters}}, "sort": SORT, "size": limit}
         if cursor:
             body["search_after"] = _decode_cursor(cursor)
-        search = StoreCall("search", {"index": self._indices_of(namespace), "ignore_unavailable": True, **body})
-        hits = (yield from self._call_steps("list holders", search))["hits"]["hits"]
-        records = []
-        for hit in hits:
-            inner = hit.get("inner_hits", {}).get("match")
-            records.extend(
-                answers.records(hit["_source"], [h["_source"] for h in inner["hits"]["hits"]] if inner else None)
-            )
-        left = yield from self._left_behind_steps([hit["_source"] for hit in hits])
-        next_cursor = _encode_cursor(hits[-1]["sort"]) if len(hits) == limit else None
-        return HolderPage(answers.without_left(records, left), next_cursor)
+        records: list[HolderRecord] = []
+        shown = 0  # nodes with a holder on this page: a node whose entries were all left behind shows none
+        while True:
+            search = StoreCall("search", {"index": self._indices_of(namespace), "ignore_unavailable": True, **body})
+            hits = (yield from self._call_steps("list holders", search))["hits"]["hits"]
+            left = yield from self._left_behind_steps([hit["_source"] for hit in hits])
+            for hit in hits:
+                inner = hit.get("inner_hits", {}).get("match")
+                matched = [h["_source"] for h in inner["hits"]["hits"]] if inner else None
+                found = answers.without_left(answers.records(hit["_source"], matched), left)
+                if found:
+                    records.extend(found)
+                    shown += 1
+                if shown == limit:
+                    return HolderPage(records, _encode_cursor(hit["sort"]))
+            if len(hits) < limit:
+                return HolderPage(records, None)
+            body["search_after"] = hits[-1]["sort"]  # the page is short of nodes that hold: read on
 
     def node_holders(self, node: Node) -> list[HolderRecord]:
         return drive(self._node_holders_steps(node), self.perform)
