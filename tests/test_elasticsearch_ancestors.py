@@ -166,10 +166,15 @@ def test_a_gone_entry_is_dropped_only_as_it_was_read(backends):
     rewritten = entry_of(first, "/g", request.holder_id)
     assert rewritten["acquired_at"] > entry["acquired_at"]
     exclusive = tree(("/g", "X"))
-    as_read = {node_id("/g"): [[request.holder_id, entry["acquired_at"]]]}
+    owner = entry["owner"]["key"]
+    as_read = {node_id("/g"): [[request.holder_id, entry["acquired_at"], owner]]}
     (refused,) = acquire_directly(second, exclusive, gone=as_read)  # the entry read then is not this one
     assert refused["update"]["result"] == "noop"
-    as_now = {node_id("/g"): [[request.holder_id, rewritten["acquired_at"]]]}
+    # A holder taken over keeps its id, not its owner: a gone entry of another owner is not this one either.
+    as_if_taken_over = {node_id("/g"): [[request.holder_id, None, "another owner"]]}
+    (refused,) = acquire_directly(second, exclusive, gone=as_if_taken_over)
+    assert refused["update"]["result"] == "noop"
+    as_now = {node_id("/g"): [[request.holder_id, rewritten["acquired_at"], owner]]}
     (granted,) = acquire_directly(second, exclusive, gone=as_now)
     assert granted["update"]["result"] == "updated"
     assert [h["id"] for h in source(first, "/g")["holders"]] == [exclusive.holder_id]

@@ -25,7 +25,7 @@ UNDER_REPLICATED = "under_replicated"
 TOKEN_TERM_SHIFT = 40
 """Bits of a fencing token below the primary term: the ``_seq_no`` part (see :func:`token`)."""
 
-SUSPECT_FIELDS = ("holders.id", "holders.mode", "holders.main", "holders.acquired_at")
+SUSPECT_FIELDS = ("holders.id", "holders.mode", "holders.main", "holders.acquired_at", "holders.owner.key")
 """What an ACQUIRE of a main node asks back: the ancestor entries that may refuse it (see :func:`suspects`)."""
 
 MARKER_OWNER_FIELDS = ("host", "pid", "thread_name")

@@ -185,10 +185,11 @@ class Protocol:
         """Seconds an acquire takes to answer, smoothed: a waiting marker outlasts a few of them."""
         self._full: dict[str, list[tuple[Node, int]]] = {}
         """holder id -> the nodes that refused its last attempt for keeping max_holders_per_node holders."""
-        self._left: dict[str, dict[str, None]] = {}
+        self._left: dict[str, dict[str, str | None]] = {}
         """node id -> ids of this process's holders released without a write there (shared ancestors): sent as
-        ``gone`` with the next ACQUIRE of that node, which drops every entry of that id. Only grants' releases
-        leave entries: a released holder id never writes again (a refused request, which may, gives back all)."""
+        ``gone`` with the next ACQUIRE of that node, which drops the entry of that id if it still has that owner (a
+        holder taken over keeps its id). Only grants' releases leave entries: a released holder never writes
+        again (a refused request, which may, gives back all)."""
         self._left_on: dict[str, list[str]] = {}
         """holder id -> the nodes of ``_left`` where it stays: forgotten when that holder writes again (a retry)."""
 
@@ -320,7 +321,8 @@ class Protocol:
             for entry in entries:
                 there = holding.get(entry["main"])
                 if there is not None and entry["id"] not in there:
-                    gone.setdefault(node.id, []).append([entry["id"], entry["acquired_at"]])
+                    owner = (entry.get("owner") or {}).get("key")
+                    gone.setdefault(node.id, []).append([entry["id"], entry["acquired_at"], owner])
         return gone
 
     def _may_leave(self, request: LockRequest) -> frozenset[str]:
@@ -352,21 +354,21 @@ class Protocol:
             if not nodes:
                 del self._left_on[holder_id]
 
-    def _note_left(self, holder_id: str, nodes: Sequence[Node]) -> None:
-        """Remember that ``holder_id`` was released from ``nodes`` without a write there."""
+    def _note_left(self, holder_id: str, owner_key: str | None, nodes: Sequence[Node]) -> None:
+        """Remember that ``holder_id`` of ``owner_key`` was released from ``nodes`` without a write there."""
         if not nodes:
             return
         with self._sole_lock:
             for node in nodes:
-                self._left.setdefault(node.id, {})[holder_id] = None
+                self._left.setdefault(node.id, {})[holder_id] = owner_key
             self._left_on.setdefault(holder_id, []).extend(node.id for node in nodes)
             while len(self._left_on) > SOLE_HOLDS_KEPT:
                 self._forget_left(next(iter(self._left_on)))  # the oldest: the lease or a reader ends it
 
-    def _left_of(self, node: Node) -> list[str]:
-        """Return the ids of this process's holders that left an entry on ``node`` (sent as ACQUIRE's ``gone``)."""
+    def _left_of(self, node: Node) -> dict[str, str | None]:
+        """Return this process's holders that left an entry on ``node``, with their owner key (ACQUIRE's ``gone``)."""
         with self._sole_lock:
-            return list(self._left.get(node.id, ()))
+            return dict(self._left.get(node.id, {}))
 
     def _forget_pruned(
         self, sent: Mapping[str, list[str]], batch: Sequence[tuple[Node, modes.Mode]], items: Sequence[Any]
@@ -493,8 +495,9 @@ class Protocol:
             params = self._acquire_params(node, mode, holder, request)
             own = self._left_of(node)
             if own and sent is not None:
-                sent[node.id] = own
-            params["gone"] = [[holder_id, None] for holder_id in own] + list((gone or {}).get(node.id, ()))
+                sent[node.id] = list(own)
+            params["gone"] = [[holder_id, None, owner] for holder_id, owner in own.items()]
+            params["gone"] += (gone or {}).get(node.id, ())
             operations += self._scripted(
                 node,
                 scripts.ACQUIRE,
@@ -701,7 +704,7 @@ class Protocol:
         left = [node for node in nodes if node.id in leave and node.id not in sole]
         nodes = [node for node in nodes if node not in left]
         if not nodes:
-            self._note_left(holder_id, left)
+            self._note_left(holder_id, owner_key, left)
             return True
         # Quiet, the caller is failing already: a short try, and the lease ends what it leaves.
         retry_for = QUIET_RELEASE_RETRY if quiet else None
@@ -750,7 +753,7 @@ class Protocol:
             if quiet:
                 return False  # the lease will end it; the caller is already failing
             raise
-        self._note_left(holder_id, left)
+        self._note_left(holder_id, owner_key, left)
         deleted = [node for node, item in zip(nodes, items, strict=True) if answers.result(item) == "deleted"]
         self._note_existing([], deleted + [node for node, item in scripted if answers.result(item) == "deleted"])
         all_there = True

@@ -191,10 +191,11 @@ ACQUIRE = (
 // than the index's `index.mapping.nested_objects.limit`.
 //
 // Intention entries left behind (protocol.py, "Ancestors"): params.gone
-// lists [id, acquired_at] of entries that no longer hold (acquired_at null:
-// any of that id; else only that write of it). They are dropped, and neither
-// count nor refuse. A holder written again keeps a later acquired_at than its
-// entry had, so an entry found gone is never confused with its rewrite.
+// lists [id, acquired_at, owner key] of entries that no longer hold; each is
+// dropped only if it is still that write (acquired_at) of that owner (a null
+// matches any). They neither count nor refuse. A holder written again keeps a
+// later acquired_at than its entry had, and a holder taken over has another
+// owner: an entry found gone is never confused with its rewrite.
 //
 // The first pass only decides; the lists to write are built only for a
 // write: a refused poll of a busy node copies none of its markers (noida-db
@@ -205,7 +206,7 @@ long cut = now - delay;
 Map gone = new HashMap();
 if (params.gone != null) {
   for (def g : params.gone) {
-    gone.put(g[0], g[1] == null ? -1L : g[1]);
+    gone.put(g[0], g);
   }
 }
 long previousAt = -1;
@@ -219,9 +220,13 @@ if (ctx._source.holders != null) {
     boolean live = expiresAt > now;
     boolean left = false;
     if (gone.containsKey(h.id)) {
-      long at = gone.get(h.id);
-      long written = h.acquired_at;
-      left = at == -1 || at == written;
+      def g = gone.get(h.id);
+      left = g[2] == null || g[2] == h.owner.key;
+      if (left && g[1] != null) {
+        long at = g[1];
+        long written = h.acquired_at;
+        left = at == written;
+      }
     }
     if (h.id == params.holder.id) {
       long written = h.acquired_at;
@@ -309,9 +314,13 @@ if (reentered) {
       long expiresAt = h.expires_at;
       boolean left = false;
       if (gone.containsKey(h.id)) {
-        long at = gone.get(h.id);
-        long written = h.acquired_at;
-        left = at == -1 || at == written;
+        def g = gone.get(h.id);
+        left = g[2] == null || g[2] == h.owner.key;
+        if (left && g[1] != null) {
+          long at = g[1];
+          long written = h.acquired_at;
+          left = at == written;
+        }
       }
       if (h.id != params.holder.id && !left && (expiresAt > cut || h.intent != null || h.has_intent != null)) {
         kept.add(h);
