@@ -340,8 +340,11 @@ def test_a_wait_shows_its_rounds_and_its_outcome(backend, exporter, namespace):
     (acquire,) = by_name(exporter.get_finished_spans(), "esdlock.acquire")
     assert acquire.attributes["esdlock.outcome"] == "timeout"
     assert "esdlock.token" not in acquire.attributes
-    rounds = [e for e in acquire.events if e.name == "esdlock.wait"]
-    assert rounds and rounds[0].attributes["esdlock.attempt"] == 0
+    attempts = [e.attributes["esdlock.attempt"] for e in acquire.events if e.name == "esdlock.wait"]
+    assert attempts and attempts == list(range(attempts[0], attempts[0] + len(attempts)))  # each round, in turn
+    # From the first, unless the SDK dropped the oldest (it keeps a span's last 128 events: a fast store's
+    # waiting head polls about once per millisecond).
+    assert attempts[0] == 0 or acquire.dropped_events > 0
 
 
 def test_a_lost_hold_and_a_reap_have_their_spans(backend, exporter, namespace):
