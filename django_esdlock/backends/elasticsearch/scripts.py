@@ -209,6 +209,7 @@ if (params.gone != null) {
     gone.put(g[0], g);
   }
 }
+Set dropped = new HashSet();
 long previousAt = -1;
 int held = 0;
 boolean refused = false;
@@ -226,6 +227,9 @@ if (ctx._source.holders != null) {
         long at = g[1];
         long written = h.acquired_at;
         left = at == written;
+      }
+      if (left) {
+        dropped.add(h.id);
       }
     }
     if (h.id == params.holder.id) {
@@ -312,17 +316,8 @@ if (reentered) {
   if (ctx._source.holders != null) {
     for (def h : ctx._source.holders) {
       long expiresAt = h.expires_at;
-      boolean left = false;
-      if (gone.containsKey(h.id)) {
-        def g = gone.get(h.id);
-        left = g[2] == null || g[2] == h.owner.key;
-        if (left && g[1] != null) {
-          long at = g[1];
-          long written = h.acquired_at;
-          left = at == written;
-        }
-      }
-      if (h.id != params.holder.id && !left && (expiresAt > cut || h.intent != null || h.has_intent != null)) {
+      boolean counts = expiresAt > cut || h.intent != null || h.has_intent != null;
+      if (h.id != params.holder.id && !dropped.contains(h.id) && counts) {
         kept.add(h);
       }
     }
