@@ -152,15 +152,15 @@ class AsyncLock(BaseLock, contextlib.AsyncContextDecorator):
         if grant is None or self._forget_inherited():
             return
 
-        async def let_go() -> tuple[tuple[bool, bool], bool]:
+        async def let_go() -> tuple[bool, bool]:
             lost = self._letting_go()
             return lost, await self.backend.arelease(grant)
 
         try:
-            (was_lost, already_signalled), still_held = await shielded(let_go())
+            was_lost, still_held = await shielded(let_go())
         finally:
             self._grant = None
-        self._released(still_held, was_lost, already_signalled)
+        self._released(still_held, was_lost)
 
     async def checkpoint(self, data: Mapping[str, Any]) -> None:
         """Record how far the work under this lock got (and renew the lease)."""

@@ -328,23 +328,27 @@ class BaseLock:
         """Seconds a store call that serves this lock's lease may take: a third of what is left of it."""
         return max(0.0, self._valid_until - time.monotonic()) / 3
 
-    def _letting_go(self) -> tuple[bool, bool]:
-        """Stop renewing before a release; return whether the lock was lost, and whether that was signalled.
+    def _letting_go(self) -> bool:
+        """Stop renewing before a release; return whether the lock was lost.
 
         A renewal in flight is not waited for: its outcome is ignored from now on.
         """
         renewer.remove(self)
         registry.remove(self)
-        return self.lost, self._lost_reason is not None
+        return self.lost
 
-    def _released(self, still_held: bool, was_lost: bool, already_signalled: bool) -> None:
-        """Signal the release; raise LockLost if the lock had been lost before it."""
+    def _released(self, still_held: bool, was_lost: bool) -> None:
+        """Signal the release; raise LockLost if the lock had been lost before it.
+
+        A loss the renewer found is reported again here: the report counts once, and a renewer that set the
+        reason but has not reported it yet must not let this hold be counted as released.
+        """
         if not still_held and self._lost_reason is None:
             self._lost_reason = "its holder record was gone at release"
         if self._lost_reason is None and was_lost:
             self._lost_reason = "its lease ran out before a renewal"
         logger.debug("released %r", self)
-        observability.released(self, None if already_signalled else self._lost_reason)
+        observability.released(self, self._lost_reason)
         signals.send(signals.lock_released, sender=type(self), lock=self)
         if self._lost_reason is not None:
             self._signal_lost(self._lost_reason)  # unless the renewer sent it when it noticed

@@ -94,12 +94,12 @@ class Lock(BaseLock, contextlib.ContextDecorator):
         grant = self._grant
         if grant is None or self._forget_inherited():
             return
-        was_lost, already_signalled = self._letting_go()
+        was_lost = self._letting_go()
         try:
             still_held = self.backend.release(grant)
         finally:
             self._grant = None
-        self._released(still_held, was_lost, already_signalled)
+        self._released(still_held, was_lost)
 
     def checkpoint(self, data: Mapping[str, Any]) -> None:
         """Record how far the work under this lock got (and renew the lease)."""

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import threading
 import uuid
+from functools import partial
 
 import pytest
 from django.test import override_settings
@@ -94,6 +95,15 @@ def tracer(span_provider):
 
 def value(registry, name: str, **labels: str) -> float:
     return registry.get_sample_value(name, labels) or 0.0
+
+
+def holds_ended(registry, labels: dict[str, str], outcome: str) -> float:
+    """Holds of ``labels`` ended with ``outcome``: the last count a loss's report moves."""
+    return value(registry, "esdlock_held_seconds_count", **labels, outcome=outcome)
+
+
+def losses_reported(registry, labels: dict[str, str], count: int) -> bool:
+    return holds_ended(registry, labels, "lost") >= count
 
 
 def test_pairs_are_counted_exactly(backend, registry, namespace):
@@ -204,8 +214,10 @@ def test_a_lease_lost_in_the_store_moves_its_own_series_by_one(backend, registry
         wait_until(lambda: lock.lost, what="the loss", timeout=WAIT)
         with pytest.raises(LockLost):
             lock.release()
-    store = store_of(backend)
-    labels = {"store": store, "namespace": namespace, "kind": "tree"}
+        store = store_of(backend)
+        labels = {"store": store, "namespace": namespace, "kind": "tree"}
+        # The renewer reports the loss in its own thread, perhaps a moment after the lock says it is lost.
+        wait_until(lambda: holds_ended(registry, labels, "lost") >= 1, what="the loss reported", timeout=WAIT)
     assert value(registry, "esdlock_lost_total", store=store, namespace=namespace, reason="record_gone") == 1
     assert value(registry, "esdlock_held_seconds_count", **labels, outcome="lost") == 1
     assert value(registry, "esdlock_held_seconds_count", **labels, outcome="released") == 0
@@ -438,13 +450,31 @@ def test_an_async_acquire_is_a_child_of_the_tasks_span(backend, exporter, tracer
         assert span.attributes["esdlock.targets"] == (f"/obs/{'one' if span.parent.span_id == parents[0] else 'two'}",)
 
 
+def test_a_release_racing_the_renewers_report_of_a_loss_counts_it_as_lost(backend, registry, namespace):
+    """The renewer sets a lock's loss reason, then reports it: a release in between must not count a release.
+
+    (Seen on CI: the hold was counted as released, and the loss reported a moment later.)
+    """
+    lock = lock_tree("/obs/race", namespace=namespace, backend=backend).acquire()
+    expire(backend, lock.holder_id)
+    lock._lost_reason = "its holder record was gone or expired at renewal"  # the renewer's first half
+    with pytest.raises(LockLost):
+        lock.release()
+    store = store_of(backend)
+    labels = {"store": store, "namespace": namespace, "kind": "tree"}
+    assert holds_ended(registry, labels, "lost") == 1
+    assert holds_ended(registry, labels, "released") == 0
+    assert value(registry, "esdlock_lost_total", store=store, namespace=namespace, reason="record_gone") == 1
+
+
 def test_a_loss_told_twice_counts_once_and_a_lock_taken_again_can_be_lost_again(backend, registry, namespace):
     lock = lock_tree("/obs/twice", namespace=namespace, backend=backend)
     store = store_of(backend)
+    labels = {"store": store, "namespace": namespace, "kind": "tree"}
     for round_ in (1, 2):
         lock.acquire()
         expire(backend, lock.holder_id)
-        wait_until(lambda: lock._lost_reason is not None, what="the renewer's loss", timeout=WAIT)
+        wait_until(partial(losses_reported, registry, labels, round_), what="the renewer's loss", timeout=WAIT)
         observability.lost(lock, "its lease ran out before a renewal")  # a release on its way said so too
         with pytest.raises(LockLost):
             lock.release()
