@@ -17,6 +17,7 @@ import time
 import pytest
 
 from django_esdlock import lock_tree
+from django_esdlock.backends.elasticsearch.protocol import bottom_up, gone_entry
 from django_esdlock.conf import load_backend
 from django_esdlock.records import Kind, Node
 from django_esdlock.steps import drive
@@ -161,20 +162,19 @@ def test_a_gone_entry_is_dropped_only_as_it_was_read(backends):
     assert item["update"]["result"] == "created"
     entry = entry_of(first, "/g", request.holder_id)
     assert entry["main"] == node_id("/g/m")
-    # Written again (as behind a main node taken later): a later acquired_at, even within one millisecond.
+    # Written again (as behind a main node taken later): another write, even within one millisecond.
     acquire_directly(first, request, ancestor)
     rewritten = entry_of(first, "/g", request.holder_id)
-    assert rewritten["acquired_at"] > entry["acquired_at"]
+    assert rewritten["write"] != entry["write"]
     exclusive = tree(("/g", "X"))
-    owner = entry["owner"]["key"]
-    as_read = {node_id("/g"): [[request.holder_id, entry["acquired_at"], owner]]}
+    as_read = {node_id("/g"): [gone_entry(entry)]}
     (refused,) = acquire_directly(second, exclusive, gone=as_read)  # the entry read then is not this one
     assert refused["update"]["result"] == "noop"
     # A holder taken over keeps its id, not its owner: a gone entry of another owner is not this one either.
     as_if_taken_over = {node_id("/g"): [[request.holder_id, None, "another owner"]]}
     (refused,) = acquire_directly(second, exclusive, gone=as_if_taken_over)
     assert refused["update"]["result"] == "noop"
-    as_now = {node_id("/g"): [[request.holder_id, rewritten["acquired_at"], owner]]}
+    as_now = {node_id("/g"): [gone_entry(rewritten)]}
     (granted,) = acquire_directly(second, exclusive, gone=as_now)
     assert granted["update"]["result"] == "updated"
     assert [h["id"] for h in source(first, "/g")["holders"]] == [exclusive.holder_id]
@@ -190,3 +190,26 @@ def test_a_listing_page_is_filled_with_nodes_that_hold(backends):
     assert [(r.node.key, r.holder_id) for r in page.holders] == [("/u", held.request.holder_id)]
     assert third.holders(namespace="fs", limit=1, cursor=page.next_cursor).holders == []
     assert third.release(held) is True
+
+
+def test_an_entry_given_back_and_written_again_is_not_the_entry_read(backends):
+    """A rewrite after a give-back is another write, even within the millisecond the store's clock stamps.
+
+    (7.0's ``ctx._now`` is a clock cached for up to 200 ms.) A refused
+    request took its ancestor and gave it back; someone it refused read the
+    entry, with no holder on its main node; the request, granted later,
+    wrote the entry again: the entry read then must not drop this one.
+    """
+    first, second, _ = backends
+    request = tree(("/h", "IX"), ("/h/m", "X"))
+    ancestor = request.targets[0][0]
+    acquire_directly(first, request, request.targets[:1])  # the ancestor, taken while its main node refused
+    read = entry_of(first, "/h", request.holder_id)
+    drive(first._release_steps(request.holder_id, request.owner.key, [ancestor], quiet=True), first.perform)
+    assert source(first, "/h") is None  # given back
+    acquire_directly(first, request, bottom_up(request.targets))  # granted: its main node, then the ancestor
+    assert entry_of(first, "/h/m", request.holder_id) and entry_of(first, "/h", request.holder_id)
+    exclusive = tree(("/h", "X"))
+    as_read = {ancestor.id: [gone_entry(read)]}
+    (refused,) = acquire_directly(second, exclusive, gone=as_read)
+    assert refused["update"]["result"] == "noop"

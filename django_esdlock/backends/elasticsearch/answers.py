@@ -25,7 +25,7 @@ UNDER_REPLICATED = "under_replicated"
 TOKEN_TERM_SHIFT = 40
 """Bits of a fencing token below the primary term: the ``_seq_no`` part (see :func:`token`)."""
 
-SUSPECT_FIELDS = ("holders.id", "holders.mode", "holders.main", "holders.acquired_at", "holders.owner.key")
+SUSPECT_FIELDS = ("holders.id", "holders.mode", "holders.main", "holders.write", "holders.owner.key")
 """What an ACQUIRE of a main node asks back: the ancestor entries that may refuse it (see :func:`suspects`)."""
 
 MARKER_OWNER_FIELDS = ("host", "pid", "thread_name")
@@ -68,7 +68,7 @@ def suspects(source: Mapping[str, Any] | None, request: LockRequest, mode: modes
         if h.get("main")
         and h.get("mode") in conflicts
         and h.get("id") != request.holder_id
-        and "acquired_at" in h
+        and h.get("write") is not None
         and not modes.is_grant(h["mode"])
     ]
 

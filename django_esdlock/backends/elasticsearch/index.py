@@ -76,8 +76,10 @@ MAPPING: dict[str, Any] = {
                 "checkpoint": {"type": "object", "enabled": False},
                 "recovery": {"type": "object", "enabled": False},
                 "has_intent": {"type": "boolean"},
-                # On an ancestor (IS/IX): the id of the holder's main node, where it shows whether it still holds.
+                # On an ancestor (IS/IX): the id of the holder's main node, where it shows whether it still holds,
+                # and which write of the entry this is (a holder's every write has its own: see "Ancestors").
                 "main": {"type": "keyword", "index": False, "doc_values": False},
+                "write": {"type": "long", "index": False, "doc_values": False},
             },
         },
         # Markers of requests that waited (fair waiting); read by scripts only.
@@ -95,7 +97,7 @@ ADDED_SINCE_VERSION_2 = ("holders.has_intent", "holders.owner.pidns")
 """Fields a lock index of mapping version 2 lacks (setup adds them too)."""
 ADDED_SINCE_VERSION_3 = ("holder_limit",)
 """Fields a lock index of mapping version 3 lacks (setup adds them too)."""
-ADDED_SINCE_VERSION_4 = ("holders.main",)
+ADDED_SINCE_VERSION_4 = ("holders.main", "holders.write")
 """Fields a lock index of mapping version 4 lacks (setup adds them too)."""
 UPGRADE_PROPERTIES: dict[str, Any] = {
     "waiting_until": MAPPING["properties"]["waiting_until"],
@@ -105,6 +107,7 @@ UPGRADE_PROPERTIES: dict[str, Any] = {
         "properties": {
             "has_intent": MAPPING["properties"]["holders"]["properties"]["has_intent"],
             "main": MAPPING["properties"]["holders"]["properties"]["main"],
+            "write": MAPPING["properties"]["holders"]["properties"]["write"],
             "owner": {"properties": {"pidns": _OWNER["properties"]["pidns"]}},
         },
     },
@@ -115,7 +118,9 @@ PROPERTIES_OF_VERSION_4: dict[str, Any] = {
     **MAPPING["properties"],
     "holders": {
         **MAPPING["properties"]["holders"],
-        "properties": {k: v for k, v in MAPPING["properties"]["holders"]["properties"].items() if k != "main"},
+        "properties": {
+            k: v for k, v in MAPPING["properties"]["holders"]["properties"].items() if k not in ("main", "write")
+        },
     },
 }
 PROPERTIES_OF_VERSION_3 = {k: v for k, v in PROPERTIES_OF_VERSION_4.items() if k not in ADDED_SINCE_VERSION_3}

@@ -10,6 +10,7 @@ scripts it sends are in :mod:`.scripts`, and how their answers read in
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -66,6 +67,9 @@ READ_ONLY = "ctx.op = 'none'"
 SORT = [{"namespace": "asc"}, {"kind": "asc"}, {"key": "asc"}]
 """The order of lock nodes in every search: a stable order for pages."""
 
+_entry_writes = itertools.count(1)
+"""Numbers the ancestor entries this process writes (``write``): a holder's every write has its own."""
+
 
 def marker_fields(request: LockRequest) -> dict[str, Any]:
     """Return the owner fields a waiting marker of ``request`` records, flat (see ACQUIRE)."""
@@ -88,7 +92,9 @@ def holder_entry(holder: Mapping[str, Any], mode: modes.Mode, request: LockReque
     Its other nodes (the IS/IX ancestors of a tree lock) carry ``has_intent``
     (in ``holder``) instead: they are shared, and every other holder's write
     there rewrites every entry. They name the main node (``main``): where to
-    look whether the entry still holds (see "Ancestors" in :class:`Protocol`).
+    look whether the entry still holds, and which write of the entry they are
+    (``write``), so that an entry read is never taken for a later one of the
+    same holder (see "Ancestors" in :class:`Protocol`).
     """
     entry = {**holder, "mode": mode.value}
     if modes.is_grant(mode):
@@ -98,7 +104,13 @@ def holder_entry(holder: Mapping[str, Any], mode: modes.Mode, request: LockReque
         main = main_node(request)
         if main is not None:
             entry["main"] = main.id
+            entry["write"] = next(_entry_writes)
     return entry
+
+
+def gone_entry(entry: Mapping[str, Any]) -> list[Any]:
+    """Return ACQUIRE's ``gone`` item for an ancestor ``entry`` read without its holder on its main node."""
+    return [entry["id"], entry["write"], (entry.get("owner") or {}).get("key")]
 
 
 def bottom_up(targets: Sequence[tuple[Node, modes.Mode]]) -> list[tuple[Node, modes.Mode]]:
@@ -166,11 +178,14 @@ class Protocol:
     main node was taken, or written again after it: each request writes
     bottom-up (one shard applies a ``_bulk`` in order), and an acquire whose
     main node is taken in a later ``_bulk`` than an ancestor writes that
-    ancestor again behind it, with a later ``acquired_at``. So an entry whose
-    main node lacks its holder belongs to a holder that let go or has not
-    been granted yet, and a ``gone`` entry is dropped only if it is still the
-    very write that was read (its ``acquired_at``): a rewrite behind a late
-    grant is kept, or refused by the newcomer's grant.
+    ancestor again behind it. So an entry whose main node lacks its holder
+    belongs to a holder that let go or has not been granted yet, and a
+    ``gone`` entry is dropped only if it is still the very write that was
+    read: a rewrite behind a late grant is kept, or refused by the
+    newcomer's grant. Each write of an entry is numbered by its process
+    (``write``): a store timestamp cannot tell two writes apart (7.0 caches
+    the clock scripts read for up to 200 ms, and a request that gave its
+    ancestor back and was granted later writes the entry anew).
     """
 
     def _init_protocol(self) -> None:
@@ -321,8 +336,7 @@ class Protocol:
             for entry in entries:
                 there = holding.get(entry["main"])
                 if there is not None and entry["id"] not in there:
-                    owner = (entry.get("owner") or {}).get("key")
-                    gone.setdefault(node.id, []).append([entry["id"], entry["acquired_at"], owner])
+                    gone.setdefault(node.id, []).append(gone_entry(entry))
         return gone
 
     def _may_leave(self, request: LockRequest) -> frozenset[str]:

@@ -191,11 +191,11 @@ ACQUIRE = (
 // than the index's `index.mapping.nested_objects.limit`.
 //
 // Intention entries left behind (protocol.py, "Ancestors"): params.gone
-// lists [id, acquired_at, owner key] of entries that no longer hold; each is
-// dropped only if it is still that write (acquired_at) of that owner (a null
-// matches any). They neither count nor refuse. A holder written again keeps a
-// later acquired_at than its entry had, and a holder taken over has another
-// owner: an entry found gone is never confused with its rewrite.
+// lists [id, write, owner key] of entries that no longer hold; each is
+// dropped only if it is still that write of that owner (a null matches
+// any). They neither count nor refuse. Every write of an entry has its own
+// number, and a holder taken over has another owner: an entry found gone is
+// never confused with its rewrite.
 //
 // The first pass only decides; the lists to write are built only for a
 // write: a refused poll of a busy node copies none of its markers (noida-db
@@ -210,7 +210,6 @@ if (params.gone != null) {
   }
 }
 Set dropped = new HashSet();
-long previousAt = -1;
 int held = 0;
 boolean refused = false;
 boolean reentered = false;
@@ -224,17 +223,16 @@ if (ctx._source.holders != null) {
       def g = gone.get(h.id);
       left = g[2] == null || g[2] == h.owner.key;
       if (left && g[1] != null) {
-        long at = g[1];
-        long written = h.acquired_at;
-        left = at == written;
+        left = false;
+        if (h.write != null) {
+          long read = g[1];
+          long write = h.write;
+          left = read == write;
+        }
       }
       if (left) {
         dropped.add(h.id);
       }
-    }
-    if (h.id == params.holder.id) {
-      long written = h.acquired_at;
-      previousAt = written;
     }
     if (h.id != params.holder.id && !left && (expiresAt > cut || h.intent != null || h.has_intent != null)) {
       held++;
@@ -343,7 +341,7 @@ if (reentered) {
   } else {
     Map holder = new HashMap();
     holder.putAll(params.holder);
-    holder.acquired_at = previousAt >= now ? previousAt + 1 : now;
+    holder.acquired_at = now;
     holder.expires_at = now + params.ttl_ms;
     kept.add(holder);
     ctx._source.namespace = params.node.namespace;
