@@ -189,13 +189,13 @@ def test_a_loss_found_by_a_renewal_during_the_release_is_signalled_once(backend)
         lock = lock_tree("/told/once", ttl=TTL, backend=backend)
         for _ in range(2):  # a second hold of the same Lock is told again
             lock.acquire()
-            was_lost, already_signalled = lock._letting_go()  # the release looks: not lost yet
-            assert not was_lost and not already_signalled
+            was_lost = lock._letting_go()  # the release looks: not lost yet
+            assert not was_lost
             lock._mark_lost("the renewal in flight found the lease over")  # then the renewal lands
             still_held = backend.release(lock._grant)
             lock._grant = None
             with pytest.raises(LockLost):
-                lock._released(still_held, was_lost, already_signalled)
+                lock._released(still_held, was_lost)
     finally:
         signals.lock_lost.disconnect(on_lost)
     assert told == ["the renewal in flight found the lease over"] * 2
