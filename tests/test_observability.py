@@ -217,7 +217,7 @@ def test_a_lease_lost_in_the_store_moves_its_own_series_by_one(backend, registry
         store = store_of(backend)
         labels = {"store": store, "namespace": namespace, "kind": "tree"}
         # The renewer reports the loss in its own thread, perhaps a moment after the lock says it is lost.
-        wait_until(lambda: holds_ended(registry, labels, "lost") >= 1, what="the loss reported", timeout=WAIT)
+        wait_until(partial(losses_reported, registry, labels, 1), what="the loss reported", timeout=WAIT)
     assert value(registry, "esdlock_lost_total", store=store, namespace=namespace, reason="record_gone") == 1
     assert value(registry, "esdlock_held_seconds_count", **labels, outcome="lost") == 1
     assert value(registry, "esdlock_held_seconds_count", **labels, outcome="released") == 0
