@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import importlib.util
 import multiprocessing
@@ -381,8 +382,9 @@ def _final_reap(
 
     # The command's own connection may have died with the store (a store restart): its first call fails, the
     # next opens a new one.
-    if _tried(lambda: _held(backend, spec), pause=options.ttl):  # killed, lost or hung holders: leases run out first
-        time.sleep(options.ttl + 0.2)
+    held = _tried(lambda: _held(backend, spec), pause=options.ttl)
+    if held:  # killed, lost or hung holders: leases run out first
+        time.sleep(_until_expired(held, options.ttl, backend.ttl))
     try:
         _tried(reaping.reap, pause=options.ttl)
     except LockError as e:
@@ -395,6 +397,17 @@ def _final_reap(
             lock.acquire().release()
     for record in _held(backend, spec):
         _leftover(writer, record)
+
+
+def _until_expired(records: list[Any], ttl: float, backend_ttl: float) -> float:
+    """Seconds to wait for every lease of ``records`` to end, a little over; at least the run's lease ``ttl``.
+
+    A recovery by the command's reaper holds for the backend's lease, not the run's: one whose release the
+    store failed (a failover at that moment) holds until that lease ends. Never longer than the longest lease.
+    """
+    now = datetime.datetime.now(datetime.UTC)
+    left = max((r.expires_at - now).total_seconds() for r in records)
+    return min(max(ttl, left), max(ttl, backend_ttl)) + 0.2
 
 
 def _tried(call: Callable[[], Any], *, pause: float, tries: int = 3) -> Any:
